@@ -1,0 +1,35 @@
+"""Batch-formation policies behind one engine-agnostic admission interface."""
+
+from feather.policies.base import (
+    Action,
+    AdmissionPolicy,
+    Decision,
+    PolicyError,
+    Request,
+    StepContext,
+    StepOutcome,
+    StepRecord,
+    StopReason,
+)
+from feather.policies.registry import (
+    UnknownSchedulerError,
+    create_scheduler,
+    resolve_scheduler,
+    scheduler_names,
+)
+
+__all__ = [
+    "Action",
+    "AdmissionPolicy",
+    "Decision",
+    "PolicyError",
+    "Request",
+    "StepContext",
+    "StepOutcome",
+    "StepRecord",
+    "StopReason",
+    "UnknownSchedulerError",
+    "create_scheduler",
+    "resolve_scheduler",
+    "scheduler_names",
+]

@@ -1,0 +1,72 @@
+"""Scheduler registry: a name -> class table, plus any class given as `package.module:Class`.
+
+A user adds a scheduler without touching this package: write a subclass of
+`AdmissionPolicy` anywhere importable and name it by dotted path in the config.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from feather.policies.base import AdmissionPolicy
+
+_BUILTIN: dict[str, str] = {
+    "fcfs": "feather.policies.fcfs:FCFSPolicy",
+    "lpm": "feather.policies.lpm:LPMPolicy",
+    "dfs-weight": "feather.policies.dfs_weight:DFSWeightPolicy",
+    "feather-static": "feather.policies.feather:FeatherStaticPolicy",
+    "feather-ucb": "feather.policies.feather:FeatherUCBPolicy",
+    "feather-qlearn": "feather.policies.feather:FeatherQLearningPolicy",
+}
+
+
+class UnknownSchedulerError(ValueError):
+    """A scheduler name that is neither registered nor an importable `module:Class` path."""
+
+
+def scheduler_names() -> list[str]:
+    """The registered scheduler names, in the order the paper discusses them."""
+    return list(_BUILTIN)
+
+
+def _import_class(path: str, name: str) -> type:
+    module_name, _, class_name = path.partition(":")
+    if not module_name or not class_name:
+        raise UnknownSchedulerError(
+            f"unknown scheduler {name!r}: not one of {', '.join(_BUILTIN)}, "
+            "and not a dotted path of the form 'package.module:Class'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownSchedulerError(
+            f"scheduler {name!r}: cannot import module {module_name!r} ({exc})"
+        ) from exc
+    try:
+        return getattr(module, class_name)
+    except AttributeError as exc:
+        raise UnknownSchedulerError(
+            f"scheduler {name!r}: module {module_name!r} has no attribute {class_name!r}"
+        ) from exc
+
+
+def resolve_scheduler(name: str) -> type[AdmissionPolicy]:
+    """The policy class for a registered name or a `package.module:Class` path."""
+    if not isinstance(name, str) or not name:
+        raise UnknownSchedulerError(f"scheduler name must be a non-empty string, got {name!r}")
+    cls = _import_class(_BUILTIN.get(name, name), name)
+    if not (isinstance(cls, type) and issubclass(cls, AdmissionPolicy)):
+        raise UnknownSchedulerError(
+            f"scheduler {name!r} resolves to {cls!r}, which is not an AdmissionPolicy subclass"
+        )
+    return cls
+
+
+def create_scheduler(name: str, **params: Any) -> AdmissionPolicy:
+    """Instantiate a scheduler by name or dotted path with its parameters."""
+    cls = resolve_scheduler(name)
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise ValueError(f"scheduler {name!r}: bad parameters {sorted(params)}: {exc}") from exc
