@@ -24,7 +24,6 @@ whole queue; `begin_step` checks that view against the engine's running count.
 from __future__ import annotations
 
 import enum
-import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -102,7 +101,10 @@ class Action(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """One ADD/STOP decision on a candidate, with the state it was taken in.
+    """One ADD/STOP decision on a candidate, with the state (b, delta, w) it was taken in.
+
+    `delta_tokens` is the drop in the batch's shared-prefix depth, in tokens (chunks x chunk
+    size), so decisions compare across engines with different block sizes.
 
     `forced` marks decisions the policy did not delegate to its rule (first request of an
     empty batch, nothing to lose, starvation guard): see `FeatherPolicy`.
@@ -110,7 +112,7 @@ class Decision:
 
     req_id: RequestId
     batch_size: int
-    delta: int
+    delta_tokens: int
     w: int
     action: Action
     forced: bool
@@ -167,7 +169,8 @@ class AdmissionPolicy(ABC):
         self._next_seq += 1
 
     def preempted(self, req_id: RequestId) -> None:
-        """The engine evicted a running request; it waits again at its arrival position."""
+        """The engine evicted a running request; it waits again (where in the queue is the
+        policy's choice: FCFS and Feather keep its arrival position, SGLang's ports append)."""
         self._expect(req_id, _State.RUNNING, "preempt")
         self._on_leave_running(req_id, finished=False)
         self._state[req_id] = _State.WAITING
@@ -235,15 +238,17 @@ class AdmissionPolicy(ABC):
         self.last_step.admitted.append(req_id)
 
     def refused(self, req_id: RequestId) -> None:
-        """The engine could not fit the candidate: admission ends for this step, it stays waiting."""
+        """The engine could not fit the candidate: this step admits no more; it stays waiting."""
         if req_id != self._offered:
-            raise PolicyError(f"refused {req_id!r}, but the offered candidate was {self._offered!r}")
+            raise PolicyError(
+                f"refused {req_id!r}, but the offered candidate was {self._offered!r}"
+            )
         self._offered = None
         self._on_refused(req_id)
         self.last_step.refused = req_id
         self.last_step.stop_reason = StopReason.REFUSED
 
-    def report_step(self, outcome: StepOutcome) -> None:
+    def report_step(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
         """The step ran; learning policies turn its throughput into reward."""
 
     # ---- views ------------------------------------------------------------------------------
@@ -299,39 +304,3 @@ class AdmissionPolicy(ABC):
     def params(self) -> dict[str, Any]:
         """The policy's configuration, for provenance."""
         return {"seed": self.seed}
-
-
-class ArrivalQueue:
-    """Waiting requests in arrival order, with O(log W) removal from anywhere.
-
-    A heap of (arrival_seq, epoch, req_id) with lazy deletion: an entry is live while the
-    request waits in the same epoch it was pushed in (preemption starts a new epoch).
-    """
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, int, RequestId]] = []
-        self._epoch: dict[RequestId, int] = {}
-        self._counter = 0
-
-    def push(self, req_id: RequestId, seq: int) -> None:
-        self._counter += 1
-        self._epoch[req_id] = self._counter
-        heapq.heappush(self._heap, (seq, self._counter, req_id))
-
-    def discard(self, req_id: RequestId) -> None:
-        self._epoch.pop(req_id, None)
-
-    def __contains__(self, req_id: RequestId) -> bool:
-        return req_id in self._epoch
-
-    def __len__(self) -> int:
-        return len(self._epoch)
-
-    def peek(self) -> RequestId | None:
-        heap, epoch = self._heap, self._epoch
-        while heap:
-            _, pushed, req_id = heap[0]
-            if epoch.get(req_id) == pushed:
-                return req_id
-            heapq.heappop(heap)
-        return None

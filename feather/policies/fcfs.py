@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from feather.policies.base import AdmissionPolicy, ArrivalQueue, Request, RequestId
+from feather.arrival import ArrivalQueue
+from feather.policies.base import AdmissionPolicy, Request, RequestId
 
 
 class FCFSPolicy(AdmissionPolicy):

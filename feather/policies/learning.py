@@ -1,0 +1,181 @@
+"""What the learned Feather policies learn with: the discretised state and two tables.
+
+State. A decision's state is (b, delta, w): batch size, the drop in shared-prefix depth the
+candidate would cause (in tokens), and how many waiting requests share the new depth. Each is
+bucketed by edges: the bucket index is how many edges are <= the value, so with the default
+batch edges (1, 2, 4, ..., 256), b=1 -> 1, b=2..3 -> 2, b=4..7 -> 3, b>=256 -> 9. Tokens
+rather than chunks keep a learned table valid across engines with different block sizes.
+
+Reward. The decode throughput (tokens/s) of the batch the decisions formed, divided by a
+scale so rewards lie in [0, 1]: a fixed `reward_scale_tok_s`, or else the highest
+throughput seen so far (then early rewards read high; UCB's exploration term assumes [0, 1]).
+
+`UCBTable` - a contextual bandit: per state, UCB1 over the two actions,
+  score = mean + c * sqrt(ln N_state / n_action); an untried action is tried first (ADD
+  before STOP); ties go to ADD. Deterministic: the seed is not needed.
+`QTable` - tabular Q-learning: Q(s,a) += alpha * (r + gamma * max_a' Q(s',a') - Q(s,a)),
+  epsilon-greedy with epsilon = max(epsilon_min, epsilon_start * epsilon_decay**decisions),
+  random draws from a seeded `random.Random`; greedy ties go to ADD.
+
+Frozen tables (deployed after training) act greedily and never update; a state never seen in
+training gets ADD, the choice that cannot starve anyone.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from feather.policies.base import Action
+
+ACTIONS = (Action.ADD, Action.STOP)
+
+
+@dataclass(frozen=True, slots=True)
+class StateBuckets:
+    """Bucket edges for (b, delta_tokens, w)."""
+
+    batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    delta_tokens: tuple[int, ...] = (1, 256, 1024, 4096)
+    w: tuple[int, ...] = (1, 4, 16, 64, 256)
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "delta_tokens", "w"):
+            edges = getattr(self, name)
+            if list(edges) != sorted(set(edges)) or not edges:
+                raise ValueError(f"bucket edges for {name} must be strictly increasing: {edges}")
+
+    def key(self, batch_size: int, delta_tokens: int, w: int) -> str:
+        return (
+            f"b{bisect_right(self.batch, batch_size)}"
+            f"|d{bisect_right(self.delta_tokens, delta_tokens)}"
+            f"|w{bisect_right(self.w, w)}"
+        )
+
+    def to_json(self) -> dict[str, list[int]]:
+        return {
+            "batch": list(self.batch),
+            "delta_tokens": list(self.delta_tokens),
+            "w": list(self.w),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Sequence[int]]) -> StateBuckets:
+        return cls(
+            batch=tuple(data["batch"]), delta_tokens=tuple(data["delta_tokens"]), w=tuple(data["w"])
+        )
+
+
+@dataclass(slots=True)
+class _ArmStats:
+    count: int = 0
+    value: float = 0.0
+
+
+@dataclass
+class UCBTable:
+    """UCB1 per state over {ADD, STOP}."""
+
+    exploration: float = 1.0
+    stats: dict[str, dict[Action, _ArmStats]] = field(default_factory=dict)
+
+    def choose(self, key: str, *, greedy: bool, rng: random.Random) -> Action:
+        del rng  # UCB is deterministic
+        if greedy:
+            arms = self.stats.get(key)
+            if arms is None:
+                return Action.ADD
+            return max(
+                ACTIONS,
+                key=lambda a: (arms[a].value if arms[a].count else -math.inf, a is Action.ADD),
+            )
+        arms = self._arms(key)
+        for action in ACTIONS:
+            if arms[action].count == 0:
+                return action
+        total = sum(arm.count for arm in arms.values())
+        bonus = self.exploration * math.sqrt(math.log(total))
+
+        def score(action: Action) -> tuple[float, bool]:
+            arm = arms[action]
+            return arm.value + bonus / math.sqrt(arm.count), action is Action.ADD
+
+        return max(ACTIONS, key=score)
+
+    def update(self, key: str, action: Action, reward: float, next_key: str | None) -> None:
+        del next_key  # a bandit is myopic
+        arm = self._arms(key)[action]
+        arm.count += 1
+        arm.value += (reward - arm.value) / arm.count
+
+    def _arms(self, key: str) -> dict[Action, _ArmStats]:
+        return self.stats.setdefault(key, {a: _ArmStats() for a in ACTIONS})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            key: {a.value: [arm.count, arm.value] for a, arm in arms.items()}
+            for key, arms in sorted(self.stats.items())
+        }
+
+    def load_json(self, table: dict[str, Any]) -> None:
+        self.stats = {
+            key: {Action(a): _ArmStats(int(c), float(v)) for a, (c, v) in arms.items()}
+            for key, arms in table.items()
+        }
+
+
+@dataclass
+class QTable:
+    """Tabular Q-learning over {ADD, STOP} with epsilon-greedy exploration."""
+
+    alpha: float = 0.1
+    gamma: float = 0.5
+    epsilon_start: float = 0.2
+    epsilon_min: float = 0.01
+    epsilon_decay: float = 0.999
+    q: dict[str, dict[Action, _ArmStats]] = field(default_factory=dict)
+    decisions: int = 0
+
+    def epsilon(self) -> float:
+        return max(self.epsilon_min, self.epsilon_start * self.epsilon_decay**self.decisions)
+
+    def choose(self, key: str, *, greedy: bool, rng: random.Random) -> Action:
+        if not greedy:
+            explore = rng.random() < self.epsilon()
+            self.decisions += 1
+            if explore:
+                return rng.choice(ACTIONS)
+        arms = self.q.get(key)
+        if arms is None:
+            return Action.ADD
+        return max(ACTIONS, key=lambda a: (arms[a].value, a is Action.ADD))
+
+    def update(self, key: str, action: Action, reward: float, next_key: str | None) -> None:
+        arms = self.q.setdefault(key, {a: _ArmStats() for a in ACTIONS})
+        target = reward
+        if next_key is not None and next_key in self.q:
+            target += self.gamma * max(arm.value for arm in self.q[next_key].values())
+        arm = arms[action]
+        arm.count += 1
+        arm.value += self.alpha * (target - arm.value)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            key: {a.value: [arm.count, arm.value] for a, arm in arms.items()}
+            for key, arms in sorted(self.q.items())
+        }
+
+    def load_json(self, table: dict[str, Any]) -> None:
+        self.q = {
+            key: {Action(a): _ArmStats(int(c), float(v)) for a, (c, v) in arms.items()}
+            for key, arms in table.items()
+        }
+
+
+def greedy_action(table: UCBTable | QTable, key: str) -> Action:
+    """The action a frozen table takes in a state (for inspection and tests)."""
+    return table.choose(key, greedy=True, rng=random.Random(0))

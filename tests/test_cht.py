@@ -1,0 +1,260 @@
+"""The Chunked Hash Tree against a brute-force reference, after every operation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from feather.cht import CandidateState, ChunkedHashTree, UnknownRequestError
+from feather.chunk_hash import chunk_hashes
+
+CHUNK = 2
+
+
+class Reference:
+    """The definitions, computed by scanning every request (what the CHT must equal)."""
+
+    def __init__(self, chunk_size: int) -> None:
+        self.chunk_size = chunk_size
+        self.chunks: dict[int, list] = {}
+        self.seq: dict[int, int] = {}
+        self.active: set[int] = set()
+        self.next_seq = 0
+
+    def add(self, rid: int, tokens: list[int]) -> None:
+        n = len(tokens) // self.chunk_size
+        self.chunks[rid] = [tuple(tokens[: (k + 1) * self.chunk_size]) for k in range(n)]
+        self.seq[rid] = self.next_seq
+        self.next_seq += 1
+
+    def waiting(self) -> list[int]:
+        return sorted((r for r in self.chunks if r not in self.active), key=self.seq.__getitem__)
+
+    def working_set(self) -> set:
+        return {h for r in self.active for h in self.chunks[r]}
+
+    def missing(self, rid: int) -> int:
+        ws = self.working_set()
+        return sum(h not in ws for h in self.chunks[rid])
+
+    def best(self, sharing_only: bool = False):
+        ws = self.working_set()
+        options = [
+            (self.missing(r), self.seq[r], r)
+            for r in self.waiting()
+            if not sharing_only or any(h in ws for h in self.chunks[r])
+        ]
+        if not options:
+            return None
+        missing, _, rid = min(options)
+        return rid, missing
+
+    @staticmethod
+    def common(lists: list[list]) -> int:
+        depth = 0
+        while all(len(c) > depth for c in lists) and len({c[depth] for c in lists}) == 1:
+            depth += 1
+        return depth
+
+    def shared_depth(self) -> int:
+        return self.common([self.chunks[r] for r in self.active]) if self.active else 0
+
+    def candidate_state(self, rid: int) -> CandidateState:
+        mine = self.chunks[rid]
+        if not self.active:
+            new_depth, delta = len(mine), 0
+        else:
+            new_depth = self.common([self.chunks[r] for r in self.active] + [mine])
+            delta = self.shared_depth() - new_depth
+        w = sum(
+            1
+            for r in self.waiting()
+            if r != rid
+            and self.chunks[r][:new_depth] == mine[:new_depth]
+            and len(self.chunks[r]) >= new_depth
+        )
+        return CandidateState(new_depth=new_depth, delta=delta, w=w)
+
+
+# Prompts over a 3-token alphabet with chunk size 2: prefixes are shared and nested all the
+# time, prompts end inside runs, partial last chunks occur, and empty prompts too.
+prompts = st.lists(st.integers(0, 2), max_size=10)
+
+
+class CHTMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tree = ChunkedHashTree(chunk_size=CHUNK)
+        self.ref = Reference(CHUNK)
+        self.next_id = 0
+        self.history: list[list[int]] = []
+
+    def _add(self, tokens: list[int]) -> None:
+        rid = self.next_id
+        self.next_id += 1
+        self.tree.add_waiting(rid, tokens)
+        self.ref.add(rid, tokens)
+        self.history.append(tokens)
+
+    @rule(tokens=prompts)
+    def add(self, tokens: list[int]) -> None:
+        self._add(tokens)
+
+    @precondition(lambda self: self.history)
+    @rule(data=st.data(), suffix=prompts)
+    def add_to_family(self, data: st.DataObject, suffix: list[int]) -> None:
+        """A prompt that extends a cut of an earlier one: deep, nested prefix families."""
+        base = data.draw(st.sampled_from(self.history))
+        cut = data.draw(st.integers(0, len(base)))
+        self._add(base[:cut] + suffix)
+
+    @precondition(lambda self: self.ref.waiting())
+    @rule(data=st.data())
+    def admit(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(self.ref.waiting()))
+        self.tree.admit(rid)
+        self.ref.active.add(rid)
+
+    @precondition(lambda self: self.ref.waiting())
+    @rule()
+    def admit_best(self) -> None:
+        """The way batches are formed: best() then admit()."""
+        rid, _ = self.tree.best()
+        self.tree.admit(rid)
+        self.ref.active.add(rid)
+
+    @precondition(lambda self: self.ref.chunks)
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.ref.chunks)))
+        self.tree.finish(rid)
+        self.ref.active.discard(rid)
+        del self.ref.chunks[rid]
+
+    @precondition(lambda self: self.ref.active)
+    @rule(data=st.data())
+    def preempt(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(sorted(self.ref.active)))
+        self.tree.preempt(rid)
+        self.ref.active.discard(rid)
+
+    @invariant()
+    def queries_match_reference(self) -> None:
+        assert self.tree.best() == self.ref.best()
+        assert self.tree.best_sharing() == self.ref.best(sharing_only=True)
+        assert self.tree.shared_depth() == self.ref.shared_depth()
+        waiting = self.ref.waiting()
+        assert self.tree.oldest() == (waiting[0] if waiting else None)
+        assert self.tree.num_waiting == len(waiting)
+        assert self.tree.num_active == len(self.ref.active)
+        for rid in waiting:
+            assert self.tree.missing(rid) == self.ref.missing(rid)
+            assert self.tree.candidate_state(rid) == self.ref.candidate_state(rid)
+
+
+TestCHTAgainstReference = CHTMachine.TestCase
+TestCHTAgainstReference.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+
+
+@given(st.lists(prompts, min_size=1, max_size=12))
+@settings(max_examples=200, deadline=None)
+def test_precomputed_hashes_behave_like_token_ids(batch: list[list[int]]) -> None:
+    """Engines pass their own cumulative block hashes; any cumulative scheme gives the same tree."""
+    from_tokens = ChunkedHashTree(chunk_size=CHUNK)
+    from_hashes = ChunkedHashTree(chunk_size=CHUNK)
+    for rid, tokens in enumerate(batch):
+        from_tokens.add_waiting(rid, tokens)
+        engine_hashes = [
+            ("blk", tuple(tokens[: (k + 1) * CHUNK])) for k in range(len(tokens) // CHUNK)
+        ]
+        from_hashes.add_waiting(rid, chunk_hashes=engine_hashes)
+    while (pick := from_tokens.best()) is not None:
+        assert from_hashes.best() == pick
+        assert from_hashes.candidate_state(pick[0]) == from_tokens.candidate_state(pick[0])
+        from_tokens.admit(pick[0])
+        from_hashes.admit(pick[0])
+        assert from_hashes.shared_depth() == from_tokens.shared_depth()
+
+
+def test_group_scenario_counts() -> None:
+    """A hand-checked case: two groups sharing a 3-chunk system prompt, then documents."""
+    tree = ChunkedHashTree(chunk_size=4)
+    system = list(range(12))  # 3 chunks
+    doc_a = [100 + i for i in range(8)]  # 2 chunks
+    doc_b = [200 + i for i in range(8)]
+    tree.add_waiting("a1", system + doc_a + [1, 1, 1, 1])
+    tree.add_waiting("b1", system + doc_b + [2, 2, 2, 2])
+    tree.add_waiting("a2", system + doc_a + [3, 3, 3, 3])
+    tree.add_waiting("a3", system + doc_a + [4, 4])  # partial last chunk: 5 full chunks
+    assert tree.best() == ("a3", 5)  # nothing active: fewest chunks, i.e. the shortest
+    assert tree.candidate_state("a1") == CandidateState(new_depth=6, delta=0, w=0)
+    tree.admit("a1")
+    assert tree.shared_depth() == 6
+    assert tree.best() == ("a3", 0)  # all its chunks are held by a1
+    assert tree.missing("a2") == 1 and tree.missing("b1") == 3
+    # a2 keeps the system prompt and the document: depth 5 of a1's 6, w counts a3.
+    assert tree.candidate_state("a2") == CandidateState(new_depth=5, delta=1, w=1)
+    assert tree.candidate_state("b1") == CandidateState(new_depth=3, delta=3, w=2)
+    tree.admit("a2")
+    tree.admit("b1")
+    assert tree.shared_depth() == 3
+    tree.finish("b1")
+    assert tree.shared_depth() == 5
+    tree.finish("a1")
+    assert tree.shared_depth() == 6  # a2 alone: its own chunk count
+    tree.preempt("a2")
+    assert tree.shared_depth() == 0
+    assert tree.oldest() == "a2"  # preempted, it keeps its arrival place before a3
+
+
+def test_missing_counts_rise_when_a_deeper_holder_finishes() -> None:
+    """b loses depth (3 -> 1 chunk) but still shares one: its heap key must be re-keyed."""
+    tree = ChunkedHashTree(chunk_size=2)
+    tree.add_waiting("a", [1, 1, 2, 2, 3, 3])
+    tree.add_waiting("d", [1, 1, 9, 9])
+    tree.add_waiting("b", [1, 1, 2, 2, 3, 3, 4, 4])
+    tree.add_waiting("c", [1, 1, 5, 5])
+    tree.admit("a")
+    tree.admit("d")
+    assert tree.best() == ("b", 1)
+    tree.finish("a")
+    assert tree.missing("b") == 3
+    assert tree.best() == ("c", 1)
+    assert tree.best_sharing() == ("c", 1)
+
+
+def test_bad_input_gives_clear_errors() -> None:
+    tree = ChunkedHashTree(chunk_size=4)
+    tree.add_waiting("r", [1, 2, 3, 4])
+    with pytest.raises(ValueError, match="duplicate request id 'r'"):
+        tree.add_waiting("r", [1, 2, 3, 4])
+    with pytest.raises(TypeError, match="integer token ids"):
+        tree.add_waiting("f", [1.5, 2, 3, 4])
+    with pytest.raises(TypeError, match="integer token ids"):
+        tree.add_waiting("s", "abcd")
+    with pytest.raises(ValueError, match=r"token ids in \[0, 2\*\*32\)"):
+        tree.add_waiting("n", [1, -2, 3, 4])
+    with pytest.raises(UnknownRequestError, match="admit of unknown request id 'x'"):
+        tree.admit("x")
+    with pytest.raises(UnknownRequestError, match="finish of unknown request id 'x'"):
+        tree.finish("x")
+    with pytest.raises(ValueError, match="exactly one of token_ids or chunk_hashes"):
+        tree.add_waiting("both", [1, 2, 3, 4], chunk_hashes=[b"h"])
+    with pytest.raises(ValueError, match="mixing hash schemes"):
+        tree.add_waiting("h", chunk_hashes=[b"h"])
+    tree.admit("r")
+    with pytest.raises(ValueError, match="it is active, expected waiting"):
+        tree.admit("r")
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer"):
+        ChunkedHashTree(chunk_size=0)
+    assert "f" not in tree and "n" not in tree  # a rejected request leaves nothing behind
+
+
+def test_chunk_hashes_are_cumulative() -> None:
+    a = chunk_hashes([1, 2, 3, 4, 5, 6, 7], 2)
+    b = chunk_hashes([1, 2, 3, 9, 5, 6], 2)
+    assert len(a) == 3 and len(b) == 3
+    assert a[0] == b[0]
+    assert a[1] != b[1] and a[2] != b[2]  # chunk 2 is equal, but its prefix is not

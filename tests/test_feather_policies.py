@@ -1,0 +1,250 @@
+"""Feather policies: homogeneous batches, safety vs FCFS, learning, persistence."""
+
+from __future__ import annotations
+
+import json
+import random
+from statistics import mean
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from toy_engine import ToyRequest, grouped_requests, run
+
+from feather.policies import (
+    Action,
+    PolicyError,
+    Request,
+    StepContext,
+    StepOutcome,
+    create_scheduler,
+)
+from feather.policies.learning import QTable, UCBTable, greedy_action
+
+FEATHER = ("feather-static", "feather-ucb", "feather-qlearn")
+
+
+def make(name: str, **params):
+    return (
+        create_scheduler(name, chunk_size=4, **params) if name != "fcfs" else create_scheduler(name)
+    )
+
+
+def test_interleaved_groups_form_homogeneous_batches_where_fcfs_mixes() -> None:
+    # 512-token prefixes (above feather-static's 256-token threshold), staggered finishes
+    reqs = grouped_requests(8, 12, prefix=512, suffix=8, output_len=lambda i: 5 + i % 5)
+    fcfs = run(make("fcfs"), reqs, max_running=12)
+    static = run(make("feather-static"), reqs, max_running=12)
+    fcfs_groups = mean(len(s.groups) for s in fcfs if s.running)
+    static_groups = mean(len(s.groups) for s in static if s.running)
+    assert fcfs_groups >= 6  # arrival order interleaves all 8 groups in every batch
+    assert static_groups <= 1.5  # one group, plus a tail of the last while it drains
+    assert max(len(s.groups) for s in static) == 2
+    # whole batches of one group: the first batch is 12 requests of group 0
+    assert static[0].admitted == [i for i in range(96) if i % 8 == 0]
+
+
+@st.composite
+def unshared_workloads(draw):
+    """Requests that share no chunk (distinct first token), arriving over time."""
+    n = draw(st.integers(1, 25))
+    reqs = []
+    for i in range(n):
+        length = draw(st.integers(0, 30))
+        tokens = [1_000 + i] + [draw(st.integers(0, 3)) for _ in range(length)]
+        reqs.append(
+            ToyRequest(i, tokens, draw(st.integers(1, 6)), arrival_step=draw(st.integers(0, 8)))
+        )
+    return reqs
+
+
+@given(
+    reqs=unshared_workloads(),
+    max_running=st.integers(1, 6),
+    refuse_mod=st.integers(2, 7),
+    preempt_mod=st.integers(2, 9),
+)
+@settings(max_examples=150, deadline=None)
+def test_without_sharing_every_feather_policy_admits_exactly_as_fcfs(
+    reqs, max_running, refuse_mod, preempt_mod
+) -> None:
+    """C6 by construction: same admissions, same order, same steps - learners exploring too."""
+
+    def engine(policy):
+        return run(
+            policy,
+            reqs,
+            max_running=max_running,
+            fits=lambda step, req_id: (step + req_id) % refuse_mod != 0,
+            preempt_at=lambda step: step % preempt_mod == preempt_mod - 1,
+            step_time_s=lambda batch: 1.0 / len(batch),  # rewards differ by batch size
+        )
+
+    expected = [s.admitted for s in engine(make("fcfs"))]
+    for name in FEATHER:
+        extra = {"epsilon_start": 1.0, "epsilon_min": 1.0} if name == "feather-qlearn" else {}
+        policy = make(name, **extra)
+        assert [s.admitted for s in engine(policy)] == expected, name
+
+
+def test_first_request_of_an_empty_batch_is_the_oldest() -> None:
+    policy = make("feather-static")
+    policy.add_request(Request("old", list(range(100, 140))))  # long, shares nothing
+    policy.add_request(Request("short", [7, 7, 7, 7]))  # CHT best(): fewest missing chunks
+    assert policy.cht.best() == ("short", 1)
+    policy.begin_step(StepContext(num_running=0, max_running=1))
+    assert policy.next_candidate() == "old"
+    assert policy.last_step.decisions[0].forced
+
+
+def test_refused_candidate_is_not_lost() -> None:
+    for name in ("fcfs", *FEATHER):
+        policy = make(name)
+        for i in range(3):
+            policy.add_request(Request(i, [5, 5, 5, 5, i, i, i, i]))
+        policy.begin_step(StepContext(num_running=0, max_running=4))
+        first = policy.next_candidate()
+        policy.refused(first)
+        assert policy.next_candidate() is None  # a refusal ends the step's admission
+        assert policy.last_step.stop_reason == "refused"
+        assert policy.num_waiting == 3
+        policy.begin_step(StepContext(num_running=0, max_running=4))
+        assert policy.next_candidate() == first, name
+        policy.admitted(first)
+        assert policy.num_running == 1
+
+
+def test_decision_state_matches_the_tree() -> None:
+    """b, delta and w recorded with a STOP are the CHT's numbers, delta in tokens."""
+    policy = make("feather-static", min_batch=2, min_delta_tokens=8)
+    a = [1] * 16  # 4 chunks
+    for i in range(3):
+        policy.add_request(Request(f"a{i}", a + [100 + i] * 4))  # 5 chunks, 4 shared
+    for i in range(2):
+        policy.add_request(Request(f"b{i}", [2] * 16 + [200 + i] * 4))
+    policy.begin_step(StepContext(num_running=0, max_running=10))
+    admitted = []
+    while (c := policy.next_candidate()) is not None:
+        policy.admitted(c)
+        admitted.append(c)
+    assert admitted == ["a0", "a1", "a2"]
+    stop = policy.last_step.decisions[-1]
+    assert (stop.req_id, stop.action, stop.forced) == ("b0", Action.STOP, False)
+    assert stop.batch_size == 3
+    assert stop.delta_tokens == 4 * 4  # shared depth 4 chunks -> 0
+    assert stop.w == 1  # new depth 0: every other waiting request (b1) could follow
+    assert policy.last_step.stop_reason == "policy"
+
+
+def test_starvation_guard_adds_the_oldest_after_max_bypass_admissions() -> None:
+    policy = make("feather-static", max_bypass=3)
+    group = [3] * 16
+    policy.add_request(Request("g0", group + [1] * 4))
+    policy.add_request(Request("g1", group + [2] * 4))
+    policy.begin_step(StepContext(num_running=0, max_running=100))
+    while (c := policy.next_candidate()) is not None:
+        policy.admitted(c)
+    policy.add_request(Request("loner", [9] * 20))
+    for i in range(6):
+        policy.add_request(Request(f"g{i + 2}", group + [10 + i] * 4))
+    policy.begin_step(StepContext(num_running=2, max_running=100))
+    order = []
+    while (c := policy.next_candidate()) is not None:
+        policy.admitted(c)
+        order.append(c)
+    assert order[:4] == ["g2", "g3", "g4", "loner"]
+
+
+def _toy_episodes(policy, episodes: int) -> list[list[int]]:
+    """Two interleaved groups; a batch mixing them decodes at a quarter of the speed."""
+    batches = []
+    for e in range(episodes):
+        reqs = []
+        for i in range(20):
+            g = i % 2
+            reqs.append(ToyRequest(e * 100 + i, [g + 1] * 32 + [e * 100 + i] * 4, 1, g))
+        logs = run(
+            policy,
+            reqs,
+            max_running=20,
+            step_time_s=lambda batch: 1.0 if len({r.group for r in batch}) == 1 else 4.0,
+        )
+        batches.append([len(s.admitted) for s in logs])
+    return batches
+
+
+@pytest.mark.parametrize("name", ["feather-ucb", "feather-qlearn"])
+def test_learners_converge_to_the_better_arm_on_a_toy_reward(name: str, tmp_path) -> None:
+    policy = make(name, seed=3)
+    _toy_episodes(policy, 150)
+    # Mixing: 20 tokens / 4 s = 5 tok/s; stopping at one group: 10 tokens / 1 s.
+    frozen = make(name, policy_file=policy.save(tmp_path / "p.json"), frozen=True)
+    assert _toy_episodes(frozen, 3) == [[10, 10]] * 3  # homogeneous batches of one group
+    stop_states = [k for k in frozen.table.to_json() if greedy_action(frozen.table, k) == "STOP"]
+    assert stop_states
+
+
+def test_ucb_and_q_tables_pick_the_better_arm_under_noise() -> None:
+    rng = random.Random(0)
+    for table in (UCBTable(exploration=0.5), QTable(gamma=0.0, epsilon_start=0.3)):
+        for _ in range(600):
+            action = table.choose("s", greedy=False, rng=rng)
+            mean_reward = 0.7 if action is Action.STOP else 0.5
+            table.update("s", action, mean_reward + rng.uniform(-0.2, 0.2), None)
+        assert greedy_action(table, "s") is Action.STOP, type(table).__name__
+    assert greedy_action(UCBTable(), "never-seen") is Action.ADD
+
+
+@pytest.mark.parametrize("name", ["feather-ucb", "feather-qlearn"])
+def test_save_load_round_trips(name: str, tmp_path) -> None:
+    trained = make(name, seed=1)
+    _toy_episodes(trained, 20)
+    path = trained.save(tmp_path / "policy.json")
+    loaded = make(name, policy_file=path, frozen=True)
+    assert loaded.to_json() == trained.to_json()
+    assert loaded.policy_file_sha256 and len(loaded.policy_file_sha256) == 64
+    assert loaded.params()["policy_file_sha256"] == loaded.policy_file_sha256
+    before = loaded.to_json()
+    _toy_episodes(loaded, 3)
+    assert loaded.to_json() == before  # frozen: no learning
+
+
+def test_policy_file_errors(tmp_path) -> None:
+    ucb = make("feather-ucb")
+    path = ucb.save(tmp_path / "ucb.json")
+    with pytest.raises(ValueError, match="holds a 'ucb' table"):
+        make("feather-qlearn", policy_file=path)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        make("feather-ucb", policy_file=bad)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match="format 'something-else'"):
+        make("feather-ucb", policy_file=other)
+
+
+def test_protocol_errors_are_clear() -> None:
+    policy = make("feather-static")
+    policy.add_request(Request("r", [1, 2, 3, 4]))
+    with pytest.raises(PolicyError, match="duplicate request id 'r'"):
+        policy.add_request(Request("r", [1, 2, 3, 4]))
+    with pytest.raises(TypeError, match="integer token ids"):
+        policy.add_request(Request("bad", [1, 2.5, 3]))
+    assert policy.num_waiting == 1  # the rejected request left nothing behind
+    with pytest.raises(PolicyError, match="admit of unknown request id 'x'"):
+        policy.admitted("x")
+    with pytest.raises(PolicyError, match="outside a step"):
+        policy.next_candidate()
+    with pytest.raises(PolicyError, match="engine reports 3 running requests"):
+        policy.begin_step(StepContext(num_running=3, max_running=4))
+    with pytest.raises(ValueError, match="prompt_token_ids or chunk_hashes"):
+        Request("empty")
+    policy.begin_step(StepContext(num_running=0, max_running=4))
+    assert policy.next_candidate() == "r"
+    with pytest.raises(PolicyError, match="neither admitted nor refused"):
+        policy.next_candidate()
+
+
+def test_report_step_reward_is_throughput() -> None:
+    assert StepOutcome(batch_size=4, tokens=8, step_time_s=0.5).throughput_tok_s == 16.0
