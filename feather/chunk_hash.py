@@ -31,8 +31,11 @@ def token_array(token_ids: Iterable[int], *, what: str = "token_ids") -> array:
         raise ValueError(f"{what} must be token ids in [0, 2**32) ({exc})") from exc
 
 
-def chunk_hashes(token_ids: Iterable[int], chunk_size: int) -> list[bytes]:
-    """The cumulative hashes of the full `chunk_size`-token chunks of a prompt."""
+def chunk_hashes(token_ids: Iterable[int], chunk_size: int, parent: bytes = b"") -> list[bytes]:
+    """The cumulative hashes of the full `chunk_size`-token chunks of a prompt.
+
+    `parent` continues a chain: the hashes of tokens[k*C:] given the hash of chunk k-1.
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     data = token_array(token_ids).tobytes()
@@ -40,7 +43,7 @@ def chunk_hashes(token_ids: Iterable[int], chunk_size: int) -> list[bytes]:
     usable = len(data) - len(data) % step
     blake2b = hashlib.blake2b
     out: list[bytes] = []
-    previous = b""
+    previous = parent
     for start in range(0, usable, step):
         previous = blake2b(previous + data[start : start + step], digest_size=DIGEST_BYTES).digest()
         out.append(previous)

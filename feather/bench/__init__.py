@@ -1,0 +1,1 @@
+"""Benchmarks: programs that print numbers (timing claims live here, not in unit tests)."""

