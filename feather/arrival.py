@@ -22,6 +22,9 @@ class ArrivalQueue:
         self._counter += 1
         self._epoch[req_id] = self._counter
         heapq.heappush(self._heap, (seq, self._counter, req_id))
+        if len(self._heap) > 2 * len(self._epoch) + 64:  # dead entries dominate: drop them
+            self._heap = [e for e in self._heap if self._epoch.get(e[2]) == e[1]]
+            heapq.heapify(self._heap)
 
     def discard(self, req_id: Hashable) -> None:
         self._epoch.pop(req_id, None)

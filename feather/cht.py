@@ -402,6 +402,16 @@ class ChunkedHashTree:
         heapq.heappush(
             self._sharing if sharing else self._apart, (missing, req.seq, self._pushes, req)
         )
+        if len(self._sharing) + len(self._apart) > 2 * len(self._requests) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop dead heap entries once they outnumber live ones: lazy deletion must not let
+        finished requests (and the nodes they point to) pile up in a heap whose top is
+        rarely looked at. Each entry is dropped once, so this is amortised O(1) per push."""
+        for heap in (self._sharing, self._apart):
+            heap[:] = [e for e in heap if e[3].state == _WAITING and e[3].push_id == e[2]]
+            heapq.heapify(heap)
 
     def _push_gainers(self, top: _Node) -> None:
         """Eagerly re-key waiting requests whose depth grew when `top` joined the working set."""

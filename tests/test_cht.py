@@ -141,6 +141,25 @@ class CHTMachine(RuleBasedStateMachine):
         self.ref.active.discard(rid)
 
     @invariant()
+    def tree_stays_compressed_and_counted(self) -> None:
+        """No dead node, no run that stopped branching, subtree counters exact."""
+
+        def visit(node, is_root: bool) -> tuple[int, int]:
+            waiting = sum(r.state == 0 for r in node.ends.values())
+            active = len(node.ends) - waiting
+            for child in node.children.values():
+                assert child.parent is node
+                w, a = visit(child, False)
+                waiting, active = waiting + w, active + a
+            if not is_root:
+                assert node.ends or len(node.children) >= 2
+                assert node.start < node.end
+            assert (node.n_waiting, node.n_active) == (waiting, active)
+            return waiting, active
+
+        visit(self.tree._root, True)
+
+    @invariant()
     def queries_match_reference(self) -> None:
         assert self.tree.best() == self.ref.best()
         assert self.tree.best_sharing() == self.ref.best(sharing_only=True)
@@ -223,6 +242,23 @@ def test_missing_counts_rise_when_a_deeper_holder_finishes() -> None:
     assert tree.missing("b") == 3
     assert tree.best() == ("c", 1)
     assert tree.best_sharing() == ("c", 1)
+
+
+def test_lazy_heaps_do_not_grow_with_finished_requests() -> None:
+    """A long run admitting without best(): dead entries are compacted away."""
+    tree = ChunkedHashTree(chunk_size=2)
+    for i in range(5_000):
+        tree.add_waiting(i, [i % 7, i % 7, i, i])
+        if i >= 3:
+            tree.admit(i - 3)  # admitted without ever surfacing in a heap
+            tree.finish(i - 3)
+    live = len(tree)
+    assert live == 3
+    assert len(tree._sharing) + len(tree._apart) <= 2 * live + 65
+    assert len(tree._arrival._heap) <= 2 * live + 65
+    for i in range(4_997, 5_000):
+        tree.finish(i)
+    assert tree._root.children == {}  # pruning leaves no node behind
 
 
 def test_bad_input_gives_clear_errors() -> None:
