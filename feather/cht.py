@@ -19,15 +19,26 @@ boundary), so each node carries two subtree counters, `n_active` and `n_waiting`
 All three are one walk up a path of a few nodes. admit/finish/preempt update the counters on
 one path: only nodes that enter or leave the working set change state, never each chunk.
 
-`best()` is a min-heap of waiting requests keyed by (missing, arrival). Missing counts fall
-when the working set grows and rise when it shrinks. Rising keys are re-keyed lazily when
-they surface (a stored key is then a lower bound, which keeps the heap top exact once it is
-validated); falling keys must be pushed eagerly: on admit, only waiting requests below the
-topmost node that entered the working set can gain depth, and the subtree walk from that node
-finds exactly them (the "index from chunk hash to waiting requests" is the tree itself).
-Waiting requests that share no chunk with the working set sit in a second heap keyed by their
-chunk count, so the best request that shares *something* is available on its own
-(`best_sharing`) - the Feather policies need it, see `feather.policies.feather`.
+`best()` needs the waiting request with the fewest missing chunks. Missing counts fall when
+the working set grows and rise when it shrinks, and one admit can change them for thousands
+of requests (a group's first member brings the group prefix), so keys are kept per *node*,
+not per request: every waiting request below a working-set node y whose path leaves the
+working set at y misses n - y.end chunks, and the best of them is the best (n, arrival) in
+the hanging subtrees below y, or one ending at y itself (missing 0). So:
+
+- each node keeps `sub`, the best (chunks, arrival) waiting request in its subtree, from a
+  heap of its own waiting requests and a heap of its children's `sub` (`kids_all`), plus a
+  heap over its children outside the working set only (`kids_out`);
+- each working-set node keeps `att`, its best attached request: (0, arrival) for one ending
+  at it, or (sub.n - y.end, arrival) for the best child subtree outside the working set;
+- a global heap holds every working-set node's `att`; the root's `att` (requests sharing
+  nothing with the working set) is kept beside it, so the best request that shares
+  *something* is available on its own (`best_sharing`; the Feather policies need it).
+
+An operation recomputes these along one path (stopping where nothing changed) and for the
+nodes that enter or leave the working set: amortised O(path x log W) with lazy deletion from
+the heaps (an entry is live while its stamp matches; dead entries are compacted away once they
+outnumber live ones). No operation touches every member of a prefix group.
 """
 
 from __future__ import annotations
@@ -75,15 +86,23 @@ class _Node:
     """A run of chunks at depths [start, end) with no branch point inside."""
 
     __slots__ = (
+        "alive",
+        "att",
+        "att_stamp",
         "children",
         "end",
         "ends",
+        "kids_all",
+        "kids_out",
         "n_active",
         "n_waiting",
         "offset",
+        "own",
         "parent",
         "ref",
         "start",
+        "sub",
+        "sub_stamp",
     )
 
     def __init__(self, parent: _Node | None, ref: list, offset: int, start: int, end: int) -> None:
@@ -92,17 +111,25 @@ class _Node:
         self.offset = offset
         self.start = start
         self.end = end
+        self.alive = True
         self.children: dict[Hashable, _Node] = {}
         self.ends: dict[RequestId, _Request] = {}  # requests whose prompt ends here
         self.n_waiting = 0  # waiting requests ending in this subtree
-        self.n_active = 0  # active requests ending in this subtree
+        self.n_active = 0  # active requests ending in this subtree (> 0: in the working set)
+        self.own: list[tuple[int, int, _Request]] = []  # (seq, epoch, req), waiting ends
+        self.kids_all: list[tuple[int, int, int, _Node]] = []  # (n, seq, stamp, child)
+        self.kids_out: list[tuple[int, int, int, _Node]] = []  # same, children outside the set
+        self.sub: tuple[int, int, _Request] | None = None  # best (n, seq) waiting in subtree
+        self.sub_stamp = 0
+        self.att: tuple[int, int, _Request] | None = None  # best (missing, seq) attached here
+        self.att_stamp = 0
 
     def hash_at(self, depth: int) -> Hashable:
         return self.ref[depth - self.offset]
 
 
 class _Request:
-    __slots__ = ("key", "n", "node", "push_id", "req_id", "seq", "state")
+    __slots__ = ("epoch", "n", "node", "req_id", "seq", "state")
 
     def __init__(self, req_id: RequestId, seq: int, n: int, node: _Node) -> None:
         self.req_id = req_id
@@ -110,8 +137,7 @@ class _Request:
         self.n = n  # full chunks in the prompt
         self.node = node  # the node its prompt ends at
         self.state = _WAITING
-        self.push_id = 0  # only the heap entry with this id is live
-        self.key = 0  # missing count stored with the live entry (a lower bound)
+        self.epoch = 0  # bumped each time it starts waiting: older heap entries are dead
 
 
 class ChunkedHashTree:
@@ -125,10 +151,9 @@ class ChunkedHashTree:
         self._requests: dict[RequestId, _Request] = {}
         self._active: dict[RequestId, _Request] = {}
         self._anchor: _Request | None = None  # any active request: the shared path is on it
-        self._sharing: list[tuple[int, int, int, _Request]] = []  # (missing, seq, id, req)
-        self._apart: list[tuple[int, int, int, _Request]] = []  # (chunks, seq, id, req)
+        self._attached: list[tuple[int, int, int, _Node]] = []  # (missing, seq, stamp, node)
         self._arrival = ArrivalQueue()
-        self._pushes = 0
+        self._stamps = 0
         self._next_seq = 0
         self._hash_source: str | None = None
 
@@ -173,8 +198,7 @@ class ChunkedHashTree:
         while x is not None:
             x.n_waiting += 1
             x = x.parent
-        self._push(req)
-        self._arrival.push(req_id, req.seq)
+        self._start_waiting(req)
 
     def admit(self, req_id: RequestId) -> None:
         """Waiting -> active: the working set grows by the request's chunks."""
@@ -184,16 +208,19 @@ class ChunkedHashTree:
         self._active[req_id] = req
         if self._anchor is None:
             self._anchor = req
-        entering: _Node | None = None  # topmost node that joins the working set
+        entering: list[_Node] = []  # nodes that join the working set, deepest first
         x: _Node | None = req.node
         while x is not None:
             x.n_waiting -= 1
             if x.n_active == 0 and x.parent is not None:
-                entering = x
+                entering.append(x)
             x.n_active += 1
             x = x.parent
-        if entering is not None and entering.n_waiting:
-            self._push_gainers(entering)
+        self._refresh_up(req.node)  # it no longer waits
+        for node in entering:
+            self._refresh_att(node)
+        if entering:
+            self._refresh_att(entering[-1].parent)  # one child fewer outside the set
 
     def finish(self, req_id: RequestId) -> None:
         """Remove an active or waiting request; an active one shrinks the working set."""
@@ -202,13 +229,15 @@ class ChunkedHashTree:
             raise UnknownRequestError(f"finish of unknown request id {req_id!r}")
         if req.state == _ACTIVE:
             self._deactivate(req)
+            req.state = -1
         else:
             self._arrival.discard(req_id)
+            req.state = -1
             x: _Node | None = req.node
             while x is not None:
                 x.n_waiting -= 1
                 x = x.parent
-        req.state = -1  # invalidates its heap entries
+            self._refresh_up(req.node)
         del self._requests[req_id]
         node = req.node
         del node.ends[req_id]
@@ -218,13 +247,11 @@ class ChunkedHashTree:
         """Active -> waiting, at its original place in arrival order."""
         req = self._get(req_id, _ACTIVE, "preempt")
         self._deactivate(req)
-        req.state = _WAITING
         x: _Node | None = req.node
         while x is not None:
             x.n_waiting += 1
             x = x.parent
-        self._push(req)
-        self._arrival.push(req_id, req.seq)
+        self._start_waiting(req)
 
     # ---- queries -------------------------------------------------------------------------
     def best(self) -> tuple[RequestId, int] | None:
@@ -232,18 +259,17 @@ class ChunkedHashTree:
 
         Ties go to the earliest-added request. Returns (req_id, missing) or None.
         """
-        sharing = self._top_sharing()
-        apart = self._top_apart()
+        sharing = self._top_attached()
+        apart = self._root.att
         if sharing is None and apart is None:
             return None
-        use_sharing = apart is None or (sharing is not None and sharing[:2] < apart[:2])
-        top = sharing if use_sharing else apart
-        return top[3].req_id, top[0]
+        top = sharing if apart is None or (sharing is not None and sharing < apart) else apart
+        return top[2].req_id, top[0]
 
     def best_sharing(self) -> tuple[RequestId, int] | None:
         """Like `best`, among waiting requests sharing at least one chunk with the working set."""
-        top = self._top_sharing()
-        return None if top is None else (top[3].req_id, top[0])
+        top = self._top_attached()
+        return None if top is None else (top[2].req_id, top[0])
 
     def oldest(self) -> RequestId | None:
         """The earliest-added waiting request (preempted requests keep their place)."""
@@ -337,7 +363,7 @@ class ChunkedHashTree:
         return node
 
     def _split(self, node: _Node, depth: int) -> _Node:
-        """Cut a run at `depth`; the new head keeps the upper part, `node` the lower."""
+        """Cut a run at `depth`; a new head takes the upper part, `node` keeps the lower."""
         parent = node.parent
         assert parent is not None and node.start < depth < node.end
         head = _Node(parent, node.ref, node.offset, node.start, depth)
@@ -347,12 +373,19 @@ class ChunkedHashTree:
         parent.children[node.hash_at(node.start)] = head
         node.parent = head
         node.start = depth
+        if node.sub is not None:  # same subtree below: same best; att(head) is empty
+            self._offer_to_parent(node)
+            head.sub = node.sub
+            self._stamps += 1
+            head.sub_stamp = self._stamps
+            self._offer_to_parent(head)
         return head
 
     def _prune(self, node: _Node) -> None:
         """Drop nodes no request needs any more; merge a run that stopped branching."""
         while node.parent is not None and not node.ends and not node.children:
             del node.parent.children[node.hash_at(node.start)]
+            node.alive = False
             node = node.parent
         parent = node.parent
         if parent is None or node.ends or len(node.children) != 1:
@@ -367,8 +400,11 @@ class ChunkedHashTree:
         child.start = node.start
         child.parent = parent
         parent.children[child.hash_at(child.start)] = child
+        node.alive = False
+        if child.sub is not None:  # it takes node's place (and node's best) in the parent
+            self._offer_to_parent(child)
 
-    # ---- internals: working set and heaps ------------------------------------------------
+    # ---- internals: working set ----------------------------------------------------------
     def _ws_depth(self, node: _Node) -> int:
         """Depth of the working set along the path ending at `node`."""
         while node.n_active == 0 and node.parent is not None:
@@ -383,75 +419,139 @@ class ChunkedHashTree:
         return node
 
     def _deactivate(self, req: _Request) -> None:
+        """Active -> not active: nodes it alone held leave the working set."""
         del self._active[req.req_id]
+        leaving: list[_Node] = []
         x: _Node | None = req.node
         while x is not None:
             x.n_active -= 1
+            if x.n_active == 0 and x.parent is not None:
+                leaving.append(x)
             x = x.parent
+        for node in leaving:  # outside the set now: their subtrees hang from their parents
+            node.att = None
+            if node.sub is not None:
+                parent = node.parent
+                heapq.heappush(parent.kids_out, self._kid_entry(node))
+                if len(parent.kids_out) > 2 * len(parent.children) + 8:
+                    self._compact_kids(parent)
+        if leaving:
+            self._refresh_att(leaving[-1].parent)
         if self._anchor is req:
             self._anchor = next(iter(self._active.values()), None)
 
-    def _push(self, req: _Request) -> None:
-        depth = self._ws_depth(req.node)
-        self._push_keyed(req, req.n - depth, depth > 0)
+    # ---- internals: the best-request aggregates -----------------------------------------
+    def _start_waiting(self, req: _Request) -> None:
+        req.state = _WAITING
+        req.epoch += 1
+        node = req.node
+        heapq.heappush(node.own, (req.seq, req.epoch, req))
+        if len(node.own) > 2 * len(node.ends) + 8:
+            node.own[:] = [e for e in node.own if e[2].state == _WAITING and e[2].epoch == e[1]]
+            heapq.heapify(node.own)
+        self._arrival.push(req.req_id, req.seq)
+        self._refresh_up(node)
 
-    def _push_keyed(self, req: _Request, missing: int, sharing: bool) -> None:
-        self._pushes += 1
-        req.push_id = self._pushes
-        req.key = missing
-        heapq.heappush(
-            self._sharing if sharing else self._apart, (missing, req.seq, self._pushes, req)
-        )
-        if len(self._sharing) + len(self._apart) > 2 * len(self._requests) + 64:
-            self._compact()
+    @staticmethod
+    def _kid_entry(node: _Node) -> tuple[int, int, int, _Node]:
+        n, seq, _ = node.sub
+        return n, seq, node.sub_stamp, node
 
-    def _compact(self) -> None:
-        """Drop dead heap entries once they outnumber live ones: lazy deletion must not let
-        finished requests (and the nodes they point to) pile up in a heap whose top is
-        rarely looked at. Each entry is dropped once, so this is amortised O(1) per push."""
-        for heap in (self._sharing, self._apart):
-            heap[:] = [e for e in heap if e[3].state == _WAITING and e[3].push_id == e[2]]
-            heapq.heapify(heap)
+    def _offer_to_parent(self, node: _Node) -> None:
+        """Push node's current best into its parent's child heaps."""
+        parent = node.parent
+        entry = self._kid_entry(node)
+        heapq.heappush(parent.kids_all, entry)
+        if node.n_active == 0:
+            heapq.heappush(parent.kids_out, entry)
+        if len(parent.kids_all) > 2 * len(parent.children) + 8:
+            self._compact_kids(parent)
 
-    def _push_gainers(self, top: _Node) -> None:
-        """Eagerly re-key waiting requests whose depth grew when `top` joined the working set."""
-        stack = [(top, 0)]
-        while stack:
-            node, depth_above = stack.pop()
-            depth = node.end if node.n_active else depth_above
-            for req in node.ends.values():
-                if req.state == _WAITING and req.n - depth < req.key:
-                    self._push_keyed(req, req.n - depth, True)
-            for child in node.children.values():
-                if child.n_waiting:
-                    stack.append((child, depth))
+    @staticmethod
+    def _compact_kids(node: _Node) -> None:
+        def live(e: tuple[int, int, int, _Node]) -> bool:
+            child = e[3]
+            return child.alive and child.parent is node and child.sub_stamp == e[2]
 
-    def _top_sharing(self) -> tuple[int, int, int, _Request] | None:
-        heap = self._sharing
-        while heap:
-            entry = heap[0]
-            key, _, push_id, req = entry
-            if req.state != _WAITING or req.push_id != push_id:
-                heapq.heappop(heap)
-                continue
-            depth = self._ws_depth(req.node)
-            if depth == 0:  # it no longer shares anything: move it to the other heap
-                heapq.heappop(heap)
-                self._push_keyed(req, req.n, False)
-            elif req.n - depth != key:  # its key rose (lazy re-keying)
-                heapq.heappop(heap)
-                self._push_keyed(req, req.n - depth, True)
+        node.kids_all[:] = [e for e in node.kids_all if live(e)]
+        node.kids_out[:] = [e for e in node.kids_out if live(e) and e[3].n_active == 0]
+        heapq.heapify(node.kids_all)
+        heapq.heapify(node.kids_out)
+
+    def _refresh_up(self, node: _Node) -> None:
+        """Recompute sub (and att) from `node` up, while something changes."""
+        x: _Node | None = node
+        while x is not None:
+            changed = self._refresh_sub(x)
+            if x.n_active or x.parent is None:
+                self._refresh_att(x)
+            if not changed or x.parent is None:
+                return
+            if x.sub is not None:
+                self._offer_to_parent(x)
+            x = x.parent
+
+    def _refresh_sub(self, x: _Node) -> bool:
+        own = x.own
+        while own and (own[0][2].state != _WAITING or own[0][2].epoch != own[0][1]):
+            heapq.heappop(own)
+        best = (x.end, own[0][0], own[0][2]) if own else None
+        kids = x.kids_all
+        while kids:
+            n, seq, stamp, child = kids[0]
+            if child.alive and child.parent is x and child.sub_stamp == stamp:
+                if best is None or (n, seq) < best[:2]:
+                    best = child.sub
+                break
+            heapq.heappop(kids)
+        if (best and best[1]) == (x.sub and x.sub[1]) and (best is None) == (x.sub is None):
+            return False
+        x.sub = best
+        self._stamps += 1
+        x.sub_stamp = self._stamps
+        return True
+
+    def _refresh_att(self, y: _Node) -> None:
+        """Recompute the best request attached at working-set node (or root) y."""
+        own = y.own
+        while own and (own[0][2].state != _WAITING or own[0][2].epoch != own[0][1]):
+            heapq.heappop(own)
+        best = (0, own[0][0], own[0][2]) if own else None  # missing 0: nothing beats it
+        kids = y.kids_out
+        while best is None and kids:
+            n, seq, stamp, child = kids[0]
+            if (
+                child.alive
+                and child.parent is y
+                and child.sub_stamp == stamp
+                and child.n_active == 0
+            ):
+                best = (n - y.end, seq, child.sub[2])
             else:
-                return entry
-        return None
+                heapq.heappop(kids)
+        if best == y.att:
+            return
+        y.att = best
+        if y.parent is None:
+            return  # the root's att is read directly
+        self._stamps += 1
+        y.att_stamp = self._stamps
+        if best is not None:
+            heapq.heappush(self._attached, (best[0], best[1], self._stamps, y))
+            if len(self._attached) > 2 * len(self._requests) + 64:
+                self._attached[:] = [
+                    e
+                    for e in self._attached
+                    if e[3].alive and e[3].n_active and e[3].att_stamp == e[2]
+                ]
+                heapq.heapify(self._attached)
 
-    def _top_apart(self) -> tuple[int, int, int, _Request] | None:
-        heap = self._apart
+    def _top_attached(self) -> tuple[int, int, _Request] | None:
+        heap = self._attached
         while heap:
-            entry = heap[0]
-            req = entry[3]
-            if req.state == _WAITING and req.push_id == entry[2]:
-                return entry  # exact: gaining any shared chunk would have re-pushed it
+            _, _, stamp, node = heap[0]
+            if node.alive and node.n_active and node.att_stamp == stamp:
+                return node.att
             heapq.heappop(heap)
         return None
 

@@ -144,18 +144,27 @@ class CHTMachine(RuleBasedStateMachine):
     def tree_stays_compressed_and_counted(self) -> None:
         """No dead node, no run that stopped branching, subtree counters exact."""
 
-        def visit(node, is_root: bool) -> tuple[int, int]:
-            waiting = sum(r.state == 0 for r in node.ends.values())
-            active = len(node.ends) - waiting
+        def visit(node, is_root: bool) -> tuple[int, int, list]:
+            """Counts and the waiting (n, seq) in the subtree, checked against the caches."""
+            here = [(r.n, r.seq) for r in node.ends.values() if r.state == 0]
+            waiting, active = len(here), len(node.ends) - len(here)
+            below, hanging = list(here), []
             for child in node.children.values():
                 assert child.parent is node
-                w, a = visit(child, False)
+                w, a, reqs = visit(child, False)
                 waiting, active = waiting + w, active + a
+                below += reqs
+                if child.n_active == 0:
+                    hanging += reqs
             if not is_root:
                 assert node.ends or len(node.children) >= 2
                 assert node.start < node.end
             assert (node.n_waiting, node.n_active) == (waiting, active)
-            return waiting, active
+            assert (node.sub and node.sub[:2]) == (min(below) if below else None)
+            if node.n_active or is_root:  # its best attached request, exactly
+                attached = [(0, seq) for _, seq in here] + [(n - node.end, s) for n, s in hanging]
+                assert (node.att and node.att[:2]) == (min(attached) if attached else None)
+            return waiting, active, below
 
         visit(self.tree._root, True)
 
@@ -245,7 +254,7 @@ def test_missing_counts_rise_when_a_deeper_holder_finishes() -> None:
 
 
 def test_lazy_heaps_do_not_grow_with_finished_requests() -> None:
-    """A long run admitting without best(): dead entries are compacted away."""
+    """A long run that never asks best(): dead heap entries are compacted away."""
     tree = ChunkedHashTree(chunk_size=2)
     for i in range(5_000):
         tree.add_waiting(i, [i % 7, i % 7, i, i])
@@ -254,8 +263,15 @@ def test_lazy_heaps_do_not_grow_with_finished_requests() -> None:
             tree.finish(i - 3)
     live = len(tree)
     assert live == 3
-    assert len(tree._sharing) + len(tree._apart) <= 2 * live + 65
+    assert len(tree._attached) <= 2 * live + 65
     assert len(tree._arrival._heap) <= 2 * live + 65
+    stack = [tree._root]
+    while stack:
+        node = stack.pop()
+        assert len(node.own) <= 2 * len(node.ends) + 9
+        assert len(node.kids_all) <= 2 * len(node.children) + 9
+        assert len(node.kids_out) <= 2 * len(node.children) + 9
+        stack.extend(node.children.values())
     for i in range(4_997, 5_000):
         tree.finish(i)
     assert tree._root.children == {}  # pruning leaves no node behind
