@@ -481,14 +481,16 @@ class ChunkedHashTree:
     def _refresh_up(self, node: _Node) -> None:
         """Recompute sub (and att) from `node` up, while something changes."""
         x: _Node | None = node
+        outside = True  # whether the change reached x from outside the working set
         while x is not None:
             changed = self._refresh_sub(x)
-            if x.n_active or x.parent is None:
-                self._refresh_att(x)
+            if outside and (x.n_active or x.parent is None):
+                self._refresh_att(x)  # att only sees x's own requests and hanging children
             if not changed or x.parent is None:
                 return
             if x.sub is not None:
                 self._offer_to_parent(x)
+            outside = x.n_active == 0
             x = x.parent
 
     def _refresh_sub(self, x: _Node) -> bool:
