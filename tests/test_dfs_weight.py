@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from toy_engine import admission_step
 
-from feather.policies import Request, StepContext, create_scheduler
+from feather.policies import Request, create_scheduler
 from feather.policies.dfs_weight import DFSWeightPolicy
-
-
-def step(
-    policy: DFSWeightPolicy,
-    *,
-    max_running: int = 10_000,
-    fits: Callable[[Hashable], bool] = lambda _: True,
-) -> list[Hashable]:
-    """One admission phase; returns the candidates in the order they were offered."""
-    policy.begin_step(StepContext(num_running=policy.num_running, max_running=max_running))
-    offered = []
-    while (req_id := policy.next_candidate()) is not None:
-        offered.append(req_id)
-        if fits(req_id):
-            policy.admitted(req_id)
-        else:
-            policy.refused(req_id)
-    return offered
 
 
 def warm(policy: DFSWeightPolicy, *prompts: list[int]) -> None:
@@ -34,7 +15,7 @@ def warm(policy: DFSWeightPolicy, *prompts: list[int]) -> None:
     for i, prompt in enumerate(prompts):
         req_id = ("warm", i)
         policy.add_request(Request(req_id, prompt_token_ids=prompt))
-        assert step(policy, max_running=policy.num_running + 1) == [req_id]
+        assert admission_step(policy, max_running=policy.num_running + 1) == [req_id]
         policy.finished(req_id)
 
 
@@ -76,17 +57,17 @@ def test_hand_built_tree() -> None:
     #       "11" itself: f
     #     upper "22": lower "22": a; then upper "22" itself: g
     #   root itself: e
-    assert step(policy) == ["h", "c", "b", "d", "f", "a", "g", "e"]
+    assert admission_step(policy) == ["h", "c", "b", "d", "f", "a", "g", "e"]
 
 
 def test_requests_of_one_node_follow_the_persistent_queue_order() -> None:
     policy = DFSWeightPolicy()
     warm(policy, [1, 1])
     add(policy, x=[1, 1, 5], y=[3], z=[1, 1, 6])
-    assert step(policy, fits=lambda _: False) == ["x"]  # order now x, z, y
+    assert admission_step(policy, fits=lambda _: False) == ["x"]  # order now x, z, y
     assert policy.waiting_queue() == ["x", "z", "y"]
     add(policy, w=[1, 1, 7])  # appended after y
-    assert step(policy) == ["x", "z", "w", "y"]
+    assert admission_step(policy) == ["x", "z", "w", "y"]
 
 
 def test_no_fcfs_fallback_for_long_queues() -> None:
@@ -95,7 +76,7 @@ def test_no_fcfs_fallback_for_long_queues() -> None:
     for i in range(200):
         add(policy, **{f"r{i:03d}": [10_000 + i]})
     add(policy, g1=[5, 5, 5, 1], g2=[5, 5, 5, 2])  # the only subtree of weight 2
-    offered = step(policy)
+    offered = admission_step(policy)
     assert offered[:2] == ["g1", "g2"]
     assert offered[2:] == [f"r{i:03d}" for i in range(200)]  # root's own, in queue order
 
@@ -103,14 +84,14 @@ def test_no_fcfs_fallback_for_long_queues() -> None:
 def test_preempted_request_rejoins_its_subtree() -> None:
     policy = DFSWeightPolicy()
     add(policy, p=[4, 4, 4, 1])
-    assert step(policy) == ["p"]
+    assert admission_step(policy) == ["p"]
     add(policy, q=[8], r=[4, 4, 4, 2])
     policy.preempted("p")  # appended after r; its prompt stays cached (unlocked)
     assert policy.tree_cache.locked_tokens == 0
     # p's whole prompt is cached: its last node is "1" below "444" (r's match splits
     # "4441" there); r's last node is "444" itself, q's the root. Post-order: p, r, q -
     # although p is last in the queue.
-    assert step(policy) == ["p", "r", "q"]
+    assert admission_step(policy) == ["p", "r", "q"]
 
 
 def test_registry() -> None:
@@ -177,4 +158,4 @@ def test_order_equals_brute_force(
     warm(policy, *cached)
     for i, tokens in enumerate(waiting):
         policy.add_request(Request(i, prompt_token_ids=tokens))
-    assert step(policy) == dfs_weight_reference(cached, waiting, page)
+    assert admission_step(policy) == dfs_weight_reference(cached, waiting, page)

@@ -2,39 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from toy_engine import admission_step
 
-from feather.policies import Request, StepContext, StopReason, create_scheduler
+from feather.policies import Request, StopReason, create_scheduler
 from feather.policies.lpm import LPMPolicy
 
 S = list(range(100, 200))  # a 100-token prompt that gets cached
 
 
-def step(
-    policy: LPMPolicy,
-    *,
-    max_running: int = 10_000,
-    fits: Callable[[Hashable], bool] = lambda _: True,
-) -> list[Hashable]:
-    """One admission phase; returns the candidates in the order they were offered."""
-    policy.begin_step(StepContext(num_running=policy.num_running, max_running=max_running))
-    offered = []
-    while (req_id := policy.next_candidate()) is not None:
-        offered.append(req_id)
-        if fits(req_id):
-            policy.admitted(req_id)
-        else:
-            policy.refused(req_id)
-    return offered
-
-
 def first_offered(policy: LPMPolicy) -> Hashable:
     """The head of this step's order; refusing it changes nothing but the step."""
-    offered = step(policy, fits=lambda _: False)
+    offered = admission_step(policy, fits=lambda _: False)
     return offered[0]
 
 
@@ -43,7 +26,7 @@ def warm(policy: LPMPolicy, *prompts: list[int]) -> None:
     for i, prompt in enumerate(prompts):
         req_id = ("warm", i, len(prompt))
         policy.add_request(Request(req_id, prompt_token_ids=prompt))
-        assert step(policy, max_running=policy.num_running + 1) == [req_id]
+        assert admission_step(policy, max_running=policy.num_running + 1) == [req_id]
         policy.finished(req_id)
 
 
@@ -63,7 +46,7 @@ def test_orders_by_longest_cached_prefix_ties_in_queue_order() -> None:
         d=S[:60] + [3] * 5,  # 60 cached
         e=S[:40] + [4] * 5,  # 40 cached, ties with a and arrived after it
     )
-    assert step(policy) == ["b", "d", "a", "e", "c"]  # FCFS would be a, c, b, d, e
+    assert admission_step(policy) == ["b", "d", "a", "e", "c"]  # FCFS would be a, c, b, d, e
 
 
 def test_sort_key_is_capped_at_prompt_length_minus_one() -> None:
@@ -72,7 +55,7 @@ def test_sort_key_is_capped_at_prompt_length_minus_one() -> None:
     policy = LPMPolicy()
     warm(policy, S)
     add(policy, full=list(S), longer=[*S, 5])
-    assert step(policy) == ["longer", "full"]
+    assert admission_step(policy) == ["longer", "full"]
 
 
 def test_in_batch_deprioritization_at_the_32_token_boundary() -> None:
@@ -81,12 +64,16 @@ def test_in_batch_deprioritization_at_the_32_token_boundary() -> None:
     add(policy, x1=shared32 + [1] * 5, x2=shared32 + [2] * 5, y=[9] * 10)
     # nothing is cached (0 <= 32): x1 goes into the waiting-queue tree, x2 finds 32 tokens
     # of it there (>= 32) and is sorted last; y shares nothing
-    assert step(policy) == ["x1", "y", "x2"]
+    assert admission_step(policy) == ["x1", "y", "x2"]
 
     shared31 = list(range(600, 631))
     policy = LPMPolicy()
     add(policy, x1=shared31 + [1] * 5, x2=shared31 + [2] * 5, y=[9] * 10)
-    assert step(policy) == ["x1", "x2", "y"]  # 31 < 32: no deprioritization, no reordering
+    assert admission_step(policy) == [
+        "x1",
+        "x2",
+        "y",
+    ]  # 31 < 32: no deprioritization, no reordering
 
 
 def test_in_batch_check_only_below_33_cached_tokens_and_deprioritized_keep_list_order() -> None:
@@ -103,17 +90,17 @@ def test_in_batch_check_only_below_33_cached_tokens_and_deprioritized_keep_list_
     )
     # w (33) > z (32) > u (0); then the deprioritized in list order, s before v although
     # v has the longer cache match
-    assert step(policy) == ["w", "z", "u", "s", "v"]
+    assert admission_step(policy) == ["w", "z", "u", "s", "v"]
 
 
 def test_thresholds_are_parameters() -> None:
     shared = list(range(500, 510))
     policy = LPMPolicy(in_batch_deprioritize_threshold=10)
     add(policy, x1=[*shared, 1], x2=[*shared, 2], y=[9])
-    assert step(policy) == ["x1", "y", "x2"]
+    assert admission_step(policy) == ["x1", "y", "x2"]
     policy = LPMPolicy(in_batch_check_threshold=-1)  # -1 disables the check, as in SGLang
     add(policy, x1=shared * 4 + [1], x2=shared * 4 + [2], y=[9])
-    assert step(policy) == ["x1", "x2", "y"]
+    assert admission_step(policy) == ["x1", "x2", "y"]
 
 
 def _fill(policy: LPMPolicy, n_unrelated: int) -> None:
@@ -138,7 +125,7 @@ def test_falls_back_to_fcfs_above_128_waiting() -> None:
     assert policy.num_waiting == 129
     assert first_offered(policy) == "r000"
     assert policy.last_fcfs_fallback
-    assert step(policy)[-1] == "long"  # no reordering at all
+    assert admission_step(policy)[-1] == "long"  # no reordering at all
 
 
 def test_fallback_keeps_the_previously_sorted_order() -> None:
@@ -149,7 +136,7 @@ def test_fallback_keeps_the_previously_sorted_order() -> None:
     _fill(policy, 127)
     assert first_offered(policy) == "long"  # sorted (128 waiting), nothing admitted
     add(policy, late=[20_000] * 5)  # 129 waiting now
-    offered = step(policy)
+    offered = admission_step(policy)
     assert policy.last_fcfs_fallback
     assert offered == ["long"] + [f"r{i:03d}" for i in range(127)] + ["late"]
 
@@ -165,12 +152,12 @@ def test_refused_candidate_is_not_lost() -> None:
     policy = LPMPolicy()
     warm(policy, S)
     add(policy, a=[*S[:80], 1], b=[*S[:40], 2])
-    assert step(policy, fits=lambda _: False) == ["a"]
+    assert admission_step(policy, fits=lambda _: False) == ["a"]
     record = policy.last_step
     assert record.refused == "a" and record.stop_reason is StopReason.REFUSED
     assert policy.num_waiting == 2 and policy.is_waiting("a")
     add(policy, c=[*S[:90], 3])  # arrives between steps: the next sort places it first
-    assert step(policy) == ["c", "a", "b"]
+    assert admission_step(policy) == ["c", "a", "b"]
     assert policy.num_waiting == 0 and policy.num_running == 3
 
 
@@ -178,29 +165,29 @@ def test_max_running_stops_admission() -> None:
     policy = LPMPolicy()
     warm(policy, S)
     add(policy, a=[1] * 5, b=[*S[:60], 2], c=[*S[:30], 3])
-    assert step(policy, max_running=2) == ["b", "c"]
+    assert admission_step(policy, max_running=2) == ["b", "c"]
     assert policy.last_step.stop_reason is StopReason.MAX_RUNNING
-    assert step(policy, max_running=3) == ["a"]
+    assert admission_step(policy, max_running=3) == ["a"]
 
 
 def test_admitted_prompt_is_cached_for_later_requests() -> None:
     policy = LPMPolicy()
     add(policy, p=list(range(1000, 1050)))
-    assert step(policy) == ["p"]  # running: its prompt is in the tree now
+    assert admission_step(policy) == ["p"]  # running: its prompt is in the tree now
     add(policy, q=[5] * 60, r=[*range(1000, 1040), 1])
-    assert step(policy) == ["r", "q"]  # r matches 40 tokens of p's prompt
+    assert admission_step(policy) == ["r", "q"]  # r matches 40 tokens of p's prompt
 
 
 def test_preempted_request_keeps_its_cached_prefix_and_goes_to_the_queue_end() -> None:
     policy = LPMPolicy()
     add(policy, p=list(range(1000, 1050)))
-    assert step(policy) == ["p"]
+    assert admission_step(policy) == ["p"]
     assert policy.tree_cache.locked_tokens == 50
     add(policy, q=[5] * 60, r=[6] * 60)
     policy.preempted("p")
     assert policy.tree_cache.locked_tokens == 0  # unlocked, still cached
     assert policy.waiting_queue() == ["q", "r", "p"]  # appended, as SGLang's retraction
-    assert step(policy) == ["p", "q", "r"]  # its prompt is cached: 49 tokens (capped)
+    assert admission_step(policy) == ["p", "q", "r"]  # its prompt is cached: 49 tokens (capped)
     policy.finished("p")
     assert policy.tree_cache.locked_tokens == 120  # q and r still running
 
@@ -210,10 +197,10 @@ def test_preempted_request_position_in_fcfs_fallback() -> None:
     # end of the queue (FCFS in feather would resume it at its arrival position).
     policy = LPMPolicy(fcfs_fallback_above=2)
     add(policy, p=[1] * 10)
-    assert step(policy) == ["p"]
+    assert admission_step(policy) == ["p"]
     add(policy, q=[2] * 10, r=[3] * 10)
     policy.preempted("p")
-    assert step(policy) == ["q", "r", "p"]
+    assert admission_step(policy) == ["q", "r", "p"]
     assert policy.last_fcfs_fallback
 
 
@@ -224,13 +211,13 @@ def test_capacity_evicts_least_recently_used_unlocked_prefix() -> None:
         policy = LPMPolicy(cache_capacity_tokens=capacity)
         warm(policy, a, b)  # with capacity 50, caching b evicts a (older)
         add(policy, a2=[*a, 1], b2=[*b[:30], 2])  # a2 matches 40 if a stays, b2 30
-        assert step(policy) == expected
+        assert admission_step(policy) == expected
 
 
 def test_running_requests_are_never_evicted() -> None:
     policy = LPMPolicy(cache_capacity_tokens=10)
     add(policy, p=list(range(1000, 1050)))
-    assert step(policy) == ["p"]
+    assert admission_step(policy) == ["p"]
     assert policy.tree_cache.total_tokens == 50  # locked: over capacity, kept
     policy.finished("p")
     assert policy.tree_cache.total_tokens == 0
@@ -318,4 +305,4 @@ def test_first_step_order_equals_brute_force(
     for i, tokens in enumerate(waiting):
         policy.add_request(Request(i, prompt_token_ids=tokens))
     expected = lpm_reference(cached, waiting, page_size, check, deprioritize)
-    assert step(policy) == expected
+    assert admission_step(policy) == expected

@@ -6,7 +6,7 @@ output length; the test decides what fits, when to preempt and what a step's tim
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from feather.policies import AdmissionPolicy, Request, StepContext, StepOutcome
@@ -87,3 +87,21 @@ def grouped_requests(
         tokens = [10_000 * (g + 1) + k for k in range(prefix)] + [50_000 + i] * suffix
         out.append(ToyRequest(i, tokens, output_len(i), g))
     return out
+
+
+def admission_step(
+    policy: AdmissionPolicy,
+    *,
+    max_running: int = 10_000,
+    fits: Callable[[Hashable], bool] = lambda _: True,
+) -> list[Hashable]:
+    """One admission phase; returns the candidates in the order they were offered."""
+    policy.begin_step(StepContext(num_running=policy.num_running, max_running=max_running))
+    offered = []
+    while (req_id := policy.next_candidate()) is not None:
+        offered.append(req_id)
+        if fits(req_id):
+            policy.admitted(req_id)
+        else:
+            policy.refused(req_id)
+    return offered

@@ -77,11 +77,32 @@ class _ArmStats:
 
 
 @dataclass
-class UCBTable:
-    """UCB1 per state over {ADD, STOP}."""
+class _ActionTable:
+    """Per-state statistics of the two actions, and their JSON form (shared by both tables)."""
+
+    stats: dict[str, dict[Action, _ArmStats]] = field(default_factory=dict)
+
+    def _arms(self, key: str) -> dict[Action, _ArmStats]:
+        return self.stats.setdefault(key, {a: _ArmStats() for a in ACTIONS})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            key: {a.value: [arm.count, arm.value] for a, arm in arms.items()}
+            for key, arms in sorted(self.stats.items())
+        }
+
+    def load_json(self, table: dict[str, Any]) -> None:
+        self.stats = {
+            key: {Action(a): _ArmStats(int(c), float(v)) for a, (c, v) in arms.items()}
+            for key, arms in table.items()
+        }
+
+
+@dataclass
+class UCBTable(_ActionTable):
+    """UCB1 per state over {ADD, STOP}; an arm's value is its mean reward."""
 
     exploration: float = 1.0
-    stats: dict[str, dict[Action, _ArmStats]] = field(default_factory=dict)
 
     def choose(self, key: str, *, greedy: bool, rng: random.Random) -> Action:
         del rng  # UCB is deterministic
@@ -112,32 +133,16 @@ class UCBTable:
         arm.count += 1
         arm.value += (reward - arm.value) / arm.count
 
-    def _arms(self, key: str) -> dict[Action, _ArmStats]:
-        return self.stats.setdefault(key, {a: _ArmStats() for a in ACTIONS})
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            key: {a.value: [arm.count, arm.value] for a, arm in arms.items()}
-            for key, arms in sorted(self.stats.items())
-        }
-
-    def load_json(self, table: dict[str, Any]) -> None:
-        self.stats = {
-            key: {Action(a): _ArmStats(int(c), float(v)) for a, (c, v) in arms.items()}
-            for key, arms in table.items()
-        }
-
 
 @dataclass
-class QTable:
-    """Tabular Q-learning over {ADD, STOP} with epsilon-greedy exploration."""
+class QTable(_ActionTable):
+    """Tabular Q-learning over {ADD, STOP} with epsilon-greedy exploration; value = Q(s, a)."""
 
     alpha: float = 0.1
     gamma: float = 0.5
     epsilon_start: float = 0.2
     epsilon_min: float = 0.01
     epsilon_decay: float = 0.999
-    q: dict[str, dict[Action, _ArmStats]] = field(default_factory=dict)
     decisions: int = 0
 
     def epsilon(self) -> float:
@@ -149,31 +154,18 @@ class QTable:
             self.decisions += 1
             if explore:
                 return rng.choice(ACTIONS)
-        arms = self.q.get(key)
+        arms = self.stats.get(key)
         if arms is None:
             return Action.ADD
         return max(ACTIONS, key=lambda a: (arms[a].value, a is Action.ADD))
 
     def update(self, key: str, action: Action, reward: float, next_key: str | None) -> None:
-        arms = self.q.setdefault(key, {a: _ArmStats() for a in ACTIONS})
         target = reward
-        if next_key is not None and next_key in self.q:
-            target += self.gamma * max(arm.value for arm in self.q[next_key].values())
-        arm = arms[action]
+        if next_key is not None and next_key in self.stats:
+            target += self.gamma * max(arm.value for arm in self.stats[next_key].values())
+        arm = self._arms(key)[action]
         arm.count += 1
         arm.value += self.alpha * (target - arm.value)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            key: {a.value: [arm.count, arm.value] for a, arm in arms.items()}
-            for key, arms in sorted(self.q.items())
-        }
-
-    def load_json(self, table: dict[str, Any]) -> None:
-        self.q = {
-            key: {Action(a): _ArmStats(int(c), float(v)) for a, (c, v) in arms.items()}
-            for key, arms in table.items()
-        }
 
 
 def greedy_action(table: UCBTable | QTable, key: str) -> Action:
