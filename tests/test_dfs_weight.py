@@ -4,24 +4,10 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from toy_engine import admission_step
+from toy_engine import add, admission_step, lcp, warm
 
 from feather.policies import Request, create_scheduler
 from feather.policies.dfs_weight import DFSWeightPolicy
-
-
-def warm(policy: DFSWeightPolicy, *prompts: list[int]) -> None:
-    """Run each prompt to completion, one per step, in order, so it is cached."""
-    for i, prompt in enumerate(prompts):
-        req_id = ("warm", i)
-        policy.add_request(Request(req_id, prompt_token_ids=prompt))
-        assert admission_step(policy, max_running=policy.num_running + 1) == [req_id]
-        policy.finished(req_id)
-
-
-def add(policy: DFSWeightPolicy, **prompts: list[int]) -> None:
-    for req_id, prompt in prompts.items():
-        policy.add_request(Request(req_id, prompt_token_ids=prompt))
 
 
 def test_hand_built_tree() -> None:
@@ -101,13 +87,6 @@ def test_registry() -> None:
 
 
 # ---- against a brute-force statement of the rule --------------------------------------
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def dfs_weight_reference(cached: list[list[int]], waiting: list[list[int]], page: int) -> list[int]:
@@ -126,7 +105,7 @@ def dfs_weight_reference(cached: list[list[int]], waiting: list[list[int]], page
             first_seen.setdefault(usable[:k], len(first_seen))
 
     def matched(tokens: list[int]) -> tuple[int, ...]:
-        best = max((_lcp(seq, tokens) for seq in cached), default=0)
+        best = max((lcp(seq, tokens) for seq in cached), default=0)
         return tuple(tokens[: best - best % page])
 
     match = [matched(tokens) for tokens in waiting]

@@ -7,7 +7,7 @@ from collections.abc import Hashable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from toy_engine import admission_step
+from toy_engine import add, admission_step, lcp, warm
 
 from feather.policies import Request, StopReason, create_scheduler
 from feather.policies.lpm import LPMPolicy
@@ -19,20 +19,6 @@ def first_offered(policy: LPMPolicy) -> Hashable:
     """The head of this step's order; refusing it changes nothing but the step."""
     offered = admission_step(policy, fits=lambda _: False)
     return offered[0]
-
-
-def warm(policy: LPMPolicy, *prompts: list[int]) -> None:
-    """Run each prompt to completion, one per step, so it is cached (call before waiting)."""
-    for i, prompt in enumerate(prompts):
-        req_id = ("warm", i, len(prompt))
-        policy.add_request(Request(req_id, prompt_token_ids=prompt))
-        assert admission_step(policy, max_running=policy.num_running + 1) == [req_id]
-        policy.finished(req_id)
-
-
-def add(policy: LPMPolicy, **prompts: list[int]) -> None:
-    for req_id, prompt in prompts.items():
-        policy.add_request(Request(req_id, prompt_token_ids=prompt))
 
 
 def test_orders_by_longest_cached_prefix_ties_in_queue_order() -> None:
@@ -246,17 +232,10 @@ def test_registry_and_params() -> None:
 
 
 # ---- against a brute-force statement of the rule --------------------------------------
-def _lcp(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _match(seqs: list[list[int]], query: list[int], page_size: int) -> int:
-    best = max((_lcp(s, query) for s in seqs), default=0)
+    best = max((lcp(s, query) for s in seqs), default=0)
     return best - best % page_size
 
 

@@ -13,6 +13,7 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
+from toy_engine import lcp
 
 from feather.radix import RadixNode, RadixTree
 
@@ -23,15 +24,6 @@ page_size_st = st.integers(1, 4)
 
 def aligned(tokens: list[int] | tuple[int, ...], page_size: int) -> tuple[int, ...]:
     return tuple(tokens[: len(tokens) - len(tokens) % page_size])
-
-
-def lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def reference_match(inserted: list[tuple[int, ...]], query: list[int], page_size: int) -> int:

@@ -1,7 +1,8 @@
-"""A minimal continuous-batching loop that drives any policy through the admission protocol.
+"""Test drivers: any policy through the admission protocol, and brute-force references.
 
-Not a simulator: every running request emits one token per step and finishes after its
-output length; the test decides what fits, when to preempt and what a step's time is.
+`run` is a minimal continuous-batching loop, not a simulator: every running request emits
+one token per step and finishes after its output length; the test decides what fits, when
+to preempt and what a step's time is. `admission_step`, `add` and `warm` drive single steps.
 """
 
 from __future__ import annotations
@@ -105,3 +106,28 @@ def admission_step(
         else:
             policy.refused(req_id)
     return offered
+
+
+def add(policy: AdmissionPolicy, **prompts: list[int]) -> None:
+    """Requests named by keyword, in keyword order."""
+    for req_id, prompt in prompts.items():
+        policy.add_request(Request(req_id, prompt_token_ids=prompt))
+
+
+def warm(policy: AdmissionPolicy, *prompts: list[int]) -> None:
+    """Run each prompt to completion, one per step, so a cache-aware policy has cached it."""
+    for i, prompt in enumerate(prompts):
+        req_id = ("warm", i, len(prompt))
+        policy.add_request(Request(req_id, prompt_token_ids=prompt))
+        assert admission_step(policy, max_running=policy.num_running + 1) == [req_id]
+        policy.finished(req_id)
+
+
+def lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix (the brute-force reference of every tree)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
