@@ -86,6 +86,77 @@ def _cmd_schedulers(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_workload_build(args: argparse.Namespace) -> int:
+    from feather.workloads import BuildOptions, build, write_workload
+    from feather.workloads.builder import stderr_progress
+
+    options = BuildOptions(
+        model=args.model,
+        max_context=args.max_context,
+        overlength=args.overlength,
+        min_prefix_tokens=args.min_prefix_tokens,
+        max_prefix_tokens=args.max_prefix_tokens,
+        min_per_group=args.min_per_group,
+        max_per_group=args.max_per_group,
+        output=args.output,
+        output_cap=args.output_cap,
+        arrival=args.arrival,
+        order=args.order,
+        unshared_fraction=args.unshared_fraction,
+        add_bos=not args.no_bos,
+        seed=args.seed,
+    )
+    tasks = [t for t in args.tasks.split(",") if t] if args.tasks else None
+    workload = build(
+        args.source,
+        tasks=tasks,
+        data_dir=args.data_dir,
+        raw_dir=args.raw_dir,
+        tokenizer=args.tokenizer,
+        options=options,
+        chat=args.chat_template,
+        progress=None if args.quiet else stderr_progress,
+    )
+    path = write_workload(workload, args.out)
+    stats = workload.statistics
+    print(
+        f"wrote {path}: {stats['requests']} requests, {stats['groups']} groups "
+        f"({stats['groups_with_2plus_requests']} with 2+ requests), sidecar {path}.json"
+    )
+    return 0
+
+
+def _cmd_workload_stats(args: argparse.Namespace) -> int:
+    from feather.workloads import read_workload
+
+    workload = read_workload(args.file)
+    stats = workload.statistics
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+        return 0
+    prefix = stats.get("shared_prefix_tokens_per_group", {})
+    print(
+        f"{args.file}: {stats['requests']} requests in {stats['groups']} groups, "
+        f"{stats['groups_with_2plus_requests']} groups with 2+ requests"
+    )
+    if prefix:
+        print(
+            f"shared prefix tokens per group: min {prefix['min']}, median {prefix['p50']}, "
+            f"max {prefix['max']}; {stats['shared_groups_with_prefix_1k_to_10k']} groups "
+            f"between 1K and 10K tokens"
+        )
+    print(
+        f"fraction of prompt tokens in a shared prefix: "
+        f"{stats['fraction_prompt_tokens_in_shared_prefix']:.3f}"
+    )
+    for task, row in stats.get("per_task", {}).items():
+        print(
+            f"  {task:<28} {row['requests']:>6} requests {row['groups']:>5} groups "
+            f"{row['groups_2plus']:>5} with 2+"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="feather", description="Feather: prefix-aware batch formation, reproducibly measured."
@@ -123,11 +194,90 @@ def build_parser() -> argparse.ArgumentParser:
     cht.add_argument("--json", action="store_true", help="print one JSON object")
     cht.add_argument("--quiet", action="store_true", help="no progress on stderr")
     cht.set_defaults(func=_cmd_bench_cht)
+
+    workload = commands.add_parser("workload", help="build and inspect workloads")
+    workloads = workload.add_subparsers(dest="workload", required=True)
+    wb = workloads.add_parser(
+        "build", help="build a workload file from L-Eval, LongBench or a synthetic spec"
+    )
+    wb.add_argument(
+        "--source",
+        required=True,
+        help="leval, longbench, or synthetic:key=value,... (see feather.workloads)",
+    )
+    wb.add_argument("--tasks", help="comma-separated task names (default: all available)")
+    wb.add_argument(
+        "--data-dir",
+        help="local directory of the benchmark's files in the hub's "
+        "layout (default: download from the HuggingFace hub)",
+    )
+    wb.add_argument(
+        "--raw-dir",
+        default="data/raw",
+        help="where downloads and unpacked archives go (default data/raw)",
+    )
+    wb.add_argument(
+        "--tokenizer",
+        help="tokenizer.json / tokenizer.model file or directory "
+        "(default: the 32,000-token SentencePiece model shipped in mistral-common)",
+    )
+    wb.add_argument(
+        "--model",
+        default="llama-3.1-8b",
+        help="model whose context the prompts must fit (default llama-3.1-8b)",
+    )
+    wb.add_argument("--max-context", type=int, help="context length in tokens (overrides --model)")
+    wb.add_argument("--overlength", choices=["truncate", "reject"], default="truncate")
+    wb.add_argument("--min-prefix-tokens", type=int, default=1_000)
+    wb.add_argument("--max-prefix-tokens", type=int, default=10_000)
+    wb.add_argument("--min-per-group", type=int, default=1)
+    wb.add_argument("--max-per-group", type=int)
+    wb.add_argument(
+        "--output",
+        default="reference",
+        help="'reference' (reference answer length) or a fixed token count",
+    )
+    wb.add_argument("--output-cap", type=int, help="cap on reference-based output lengths")
+    wb.add_argument(
+        "--arrival", default="all", help="all | poisson:RATE | bursts:SIZE:INTERVAL_S (default all)"
+    )
+    wb.add_argument("--order", choices=["grouped", "shuffled", "interleaved"], default="grouped")
+    wb.add_argument(
+        "--unshared-fraction",
+        type=float,
+        default=0.0,
+        help="fraction of requests made to share no prefix (claim C6)",
+    )
+    wb.add_argument(
+        "--chat-template",
+        choices=["vicuna", "none"],
+        default="vicuna",
+        help="LongBench only: wrap prompts in a chat template as pred.py does",
+    )
+    wb.add_argument("--no-bos", action="store_true", help="do not start prompts with BOS")
+    wb.add_argument("--seed", type=int, default=0)
+    wb.add_argument("--out", required=True, help="output .parquet file (sidecar: <out>.json)")
+    wb.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    wb.set_defaults(func=_cmd_workload_build)
+    ws = workloads.add_parser("stats", help="statistics of a workload file")
+    ws.add_argument("file")
+    ws.add_argument("--json", action="store_true", help="print JSON")
+    ws.set_defaults(func=_cmd_workload_stats)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "workload":
+        from feather.workloads.schema import WorkloadError
+        from feather.workloads.sources.base import DataUnavailableError, UnknownTaskError
+        from feather.workloads.tokenizer import TokenizerError
+
+        try:
+            return args.func(args)
+        except (WorkloadError, DataUnavailableError, UnknownTaskError, TokenizerError) as exc:
+            print(f"feather workload: {exc}", file=sys.stderr)
+            return 2
     for name in ("groups", "prefix_tokens", "chunk_size", "batch_size"):
         if getattr(args, name, 1) < 1:
             print(f"feather: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)

@@ -1,0 +1,102 @@
+"""Model facts (published config.json values): shapes, context length, weight bytes.
+
+Data, not code: a user adds a model with `register_model(ModelProfile(...))` (the pipeline
+will read extra profiles from config.yaml). Workloads need the context length; the
+simulator needs the shapes and bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    name: str
+    layers: int
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    context_tokens: int  # max_position_embeddings
+    weight_bytes: int  # bf16 parameters
+    source: str
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V, all layers, bf16 (2 bytes)."""
+        return 2 * self.kv_heads * self.head_dim * 2 * self.layers
+
+
+_HF = "https://huggingface.co/{}/blob/main/config.json"
+
+_MODELS: dict[str, ModelProfile] = {}
+
+
+def register_model(profile: ModelProfile) -> None:
+    if profile.name in _MODELS:
+        raise ValueError(f"model {profile.name!r} is already registered")
+    _MODELS[profile.name] = profile
+
+
+for _profile in (
+    ModelProfile(
+        "llama-3-8b",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        8_192,
+        16_060_522_496,
+        _HF.format("meta-llama/Meta-Llama-3-8B"),
+    ),
+    ModelProfile(
+        "llama-3.1-8b",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        131_072,
+        16_060_522_496,
+        _HF.format("meta-llama/Llama-3.1-8B"),
+    ),
+    ModelProfile(
+        "qwen2.5-7b",
+        28,
+        3584,
+        28,
+        4,
+        128,
+        32_768,
+        15_231_233_024,
+        _HF.format("Qwen/Qwen2.5-7B-Instruct"),
+    ),
+    ModelProfile(
+        "qwen3-8b", 36, 4096, 32, 8, 128, 40_960, 16_381_470_720, _HF.format("Qwen/Qwen3-8B")
+    ),
+    ModelProfile(
+        "longchat-13b-16k",
+        40,
+        5120,
+        40,
+        40,
+        128,
+        16_384,
+        26_031_728_640,
+        _HF.format("lmsys/longchat-13b-16k"),
+    ),
+):
+    register_model(_profile)
+
+
+def model_names() -> list[str]:
+    return list(_MODELS)
+
+
+def get_model(name: str) -> ModelProfile:
+    try:
+        return _MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(_MODELS)}") from None

@@ -1,0 +1,1 @@
+"""Benchmark sources: each turns its raw files into prompt groups, its own way."""

@@ -1,0 +1,88 @@
+"""What every source yields: prompt groups as text segments, plus what it read and dropped.
+
+A request's prompt is the concatenation of segments, each tokenized on its own:
+    BOS + wrap_pre + head + document + tail_i + wrap_post
+`head` is shared by every request of a task (its system prompt / template), `document` by
+every request over one document; `tail_i` carries the question. Tokenizing segments
+separately is what makes requests over one document share exactly that document's tokens
+(a whole-string tokenization may merge a token or two across a segment boundary). The price:
+SentencePiece starts every segment with its word-start marker, so a boundary after a
+trailing space costs one token more than whole-string tokenization would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Truncation = Literal["document", "middle"]
+
+
+class DataUnavailableError(RuntimeError):
+    """The benchmark's files can be neither downloaded nor found locally."""
+
+
+class UnknownTaskError(ValueError):
+    """A task name the benchmark does not have."""
+
+
+@dataclass
+class PromptGroup:
+    """Requests over one document of one task."""
+
+    source: str
+    task: str
+    doc_key: str
+    head: str
+    document: str
+    tails: list[str]
+    references: list[str]  # reference answers, for output lengths
+    truncation: Truncation  # the benchmark's own rule for prompts that are too long
+    max_output_tokens: int  # the benchmark's own generation limit for the task
+    wrap_pre: str = ""  # a chat template around the (truncated) prompt
+    wrap_post: str = ""
+
+
+@dataclass
+class SourceData:
+    groups: list[PromptGroup]
+    files: list[dict] = field(default_factory=list)  # {"path", "sha256", "bytes"}
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, dict[str, int]]:
+        """Per task, before any selection: documents, requests, documents asked twice or more."""
+        out: dict[str, dict[str, int]] = {}
+        for g in self.groups:
+            entry = out.setdefault(g.task, {"documents": 0, "requests": 0, "groups_2plus": 0})
+            entry["documents"] += 1
+            entry["requests"] += len(g.tails)
+            entry["groups_2plus"] += len(g.tails) >= 2
+        return out
+
+
+def document_key(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def file_record(path: Path) -> dict:
+    data = path.read_bytes()
+    return {"path": str(path), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def find_task_file(root: Path, task: str) -> Path | None:
+    """`<task>.jsonl` anywhere below root (flat copies and the hub's folders alike)."""
+    matches = sorted(root.rglob(f"{task}.jsonl"))
+    return matches[0] if matches else None
+
+
+def load_jsonl_with_datasets(path: Path, cache_dir: Path | None = None) -> list[dict]:
+    """Records of a JSON-lines file, read through the `datasets` library's json builder."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    dataset = datasets.load_dataset(
+        "json", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None
+    )
+    return dataset.to_list()

@@ -1,0 +1,165 @@
+"""LongBench (THUDM/LongBench, also zai-org/LongBench): records grouped by their context.
+
+Each record is one question over one context (fields input, context, answers, length,
+dataset, language, all_classes, _id); records of a task with the same context (hashed) form
+one prefix group - only narrativeqa, qasper, multifieldqa and qmsum repeat contexts, and the
+statistics say how often. Prompts follow LongBench's `pred.py` with its per-task templates
+(`config/dataset2prompt.json`, context before question in every task) and generation limits
+(`config/dataset2maxlen.json`): a too-long prompt has its *middle* cut (first and last
+half kept), then - except for trec, triviaqa, samsum, lsht, lcc and repobench-p - the chat
+template of a LongChat/Vicuna model wraps it (`chat="none"` leaves prompts unwrapped).
+
+Files: `data.zip` (from the hub, or found below the local directory) is unpacked into the
+raw-data directory before loading - `zip://` paths do not work offline.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from feather.workloads.hub import download
+from feather.workloads.sources.base import (
+    DataUnavailableError,
+    PromptGroup,
+    SourceData,
+    UnknownTaskError,
+    document_key,
+    file_record,
+    find_task_file,
+    load_jsonl_with_datasets,
+)
+
+HUB_REPO = "THUDM/LongBench"
+
+# LongBench's config/dataset2prompt.json (v1), kept as data beside this module.
+TEMPLATES: dict[str, str] = json.loads(
+    (Path(__file__).with_name("longbench_prompts.json")).read_text(encoding="utf-8")
+)
+MAX_NEW_TOKENS = {
+    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "multifieldqa_zh": 64,
+    "hotpotqa": 32, "2wikimqa": 32, "musique": 32, "dureader": 128, "gov_report": 512,
+    "qmsum": 512, "multi_news": 512, "vcsum": 512, "trec": 64, "triviaqa": 32, "samsum": 128,
+    "lsht": 64, "passage_count": 32, "passage_retrieval_en": 32, "passage_retrieval_zh": 32,
+    "lcc": 64, "repobench-p": 64,
+}  # fmt: skip
+E_TASKS = (
+    "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report", "multi_news", "trec",
+    "triviaqa", "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p",
+)  # fmt: skip
+TASKS = tuple(TEMPLATES) + tuple(f"{t}_e" for t in E_TASKS)
+NO_CHAT = ("trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p")
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+
+
+def _base(task: str) -> str:
+    return task[:-2] if task.endswith("_e") else task
+
+
+def unpack_zip(archive: Path, dest: Path) -> Path:
+    """Extract a LongBench data.zip into dest (refusing members that escape it)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    root = dest.resolve()
+    with zipfile.ZipFile(archive) as zf:
+        for member in zf.infolist():
+            target = (dest / member.filename).resolve()
+            if not target.is_relative_to(root):
+                raise DataUnavailableError(f"{archive}: member {member.filename!r} escapes {dest}")
+        zf.extractall(dest)
+    return dest
+
+
+def _locate(tasks: list[str], data_dir: Path | None, raw_dir: Path) -> tuple[dict[str, Path], list]:
+    """Each task's jsonl, unpacking data.zip (local or downloaded) where needed."""
+    unpacked = raw_dir / "longbench"
+    records = []
+    search = [d for d in (data_dir, unpacked) if d is not None and d.exists()]
+    files = {
+        t: f
+        for t in tasks
+        if (f := next(filter(None, (find_task_file(d, t) for d in search)), None))
+    }
+    if len(files) < len(tasks):
+        archives = sorted(data_dir.rglob("data.zip")) if data_dir is not None else []
+        if archives:
+            archive = archives[0]
+        elif data_dir is not None:
+            missing = [t for t in tasks if t not in files]
+            raise DataUnavailableError(
+                f"LongBench task(s) {', '.join(missing)}: no <task>.jsonl and no data.zip "
+                f"below {data_dir}"
+            )
+        else:
+            archive = download(
+                HUB_REPO, "data.zip", raw_dir / "longbench-zip", what="LongBench data.zip"
+            )
+        records.append(file_record(archive))
+        unpack_zip(archive, unpacked)
+        for task in tasks:
+            if task not in files:
+                found = find_task_file(unpacked, task)
+                if found is None:
+                    raise DataUnavailableError(f"LongBench task {task!r}: not in {archive}")
+                files[task] = found
+    return files, records
+
+
+def load_longbench(
+    tasks: list[str] | None,
+    data_dir: Path | None,
+    raw_dir: Path,
+    cache_dir: Path | None = None,
+    chat: str = "vicuna",
+) -> SourceData:
+    """Prompt groups of the chosen LongBench tasks (default: the 21 LongBench tasks)."""
+    if chat not in ("vicuna", "none"):
+        raise ValueError(f"chat must be 'vicuna' or 'none', got {chat!r}")
+    chosen = list(tasks) if tasks else list(TEMPLATES)
+    unknown = [t for t in chosen if t not in TASKS]
+    if unknown:
+        raise UnknownTaskError(
+            f"unknown LongBench task(s) {', '.join(unknown)}; tasks: {', '.join(TASKS)}"
+        )
+    files, records = _locate(chosen, data_dir, raw_dir)
+    data = SourceData(groups=[], files=records + [file_record(files[t]) for t in chosen])
+    data.dropped = {"empty_documents": 0, "empty_questions": 0}
+    for task in chosen:
+        base = _base(task)
+        head, tail_template = TEMPLATES[base].split("{context}")
+        wrapped = chat == "vicuna" and base not in NO_CHAT
+        by_context: dict[str, PromptGroup] = {}
+        for record in load_jsonl_with_datasets(files[task], cache_dir):
+            context = record.get("context") or ""
+            if not context.strip():
+                data.dropped["empty_documents"] += 1
+                continue
+            question = record.get("input") or ""
+            if "{input}" in tail_template and not question.strip():
+                data.dropped["empty_questions"] += 1
+                continue
+            key = document_key(context)
+            group = by_context.get(key)
+            if group is None:
+                group = PromptGroup(
+                    source="longbench",
+                    task=task,
+                    doc_key=key,
+                    head=head,
+                    document=context,
+                    tails=[],
+                    references=[],
+                    truncation="middle",
+                    max_output_tokens=MAX_NEW_TOKENS[base],
+                    wrap_pre=VICUNA_SYSTEM + " USER: " if wrapped else "",
+                    wrap_post=" ASSISTANT:" if wrapped else "",
+                )
+                by_context[key] = group
+            group.tails.append(tail_template.replace("{input}", question))
+            answers = record.get("answers") or [""]
+            group.references.append(answers[0] or "")
+        data.groups.extend(by_context.values())
+    return data
