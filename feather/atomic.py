@@ -1,29 +1,50 @@
-"""Write files so that a reader never sees half of one: temp file, fsync, rename."""
+"""Write files so that a reader never sees half of one: temp file, then rename.
+
+The temporary file lives beside the target (same filesystem, so the rename is atomic) and
+gets the permissions a plain `open()` would give (mkstemp's private 0600 would hide results
+from other users and cluster jobs).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Replace `path` with `text` in one step (the directory is created if missing)."""
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextmanager
+def atomic_target(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path to write; it replaces `path` only if the block succeeds."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield Path(tmp)
+        os.chmod(tmp, _default_mode())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Replace `path` with `text` in one step (the directory is created if missing)."""
+    with atomic_target(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return Path(path)
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:

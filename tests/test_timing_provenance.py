@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -81,3 +82,6 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path) -
         write_json_atomic(target, {"c": object()})  # fails before anything is written
     assert json.loads(target.read_text()) == {"b": 2}
     assert [p.name for p in target.parent.iterdir()] == ["summary.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # readable like any plain file

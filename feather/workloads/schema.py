@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from feather.atomic import write_json_atomic
+from feather.atomic import atomic_target, write_json_atomic
 
 SCHEMA = pa.schema(
     [
@@ -208,23 +207,15 @@ def write_workload(workload: Workload, path: str | os.PathLike[str]) -> Path:
     if len(set(ids)) != len(ids):
         raise WorkloadError("duplicate request ids in workload")
     table = _to_table(workload.requests)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
+    with atomic_target(target) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        digest = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
         sidecar = {
             "format": "feather-workload/1",
-            "parquet_sha256": digest,
+            "parquet_sha256": hashlib.sha256(tmp.read_bytes()).hexdigest(),
             "statistics": workload.statistics,
             "provenance": workload.provenance,
         }
         write_json_atomic(sidecar_path(target), sidecar)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return target
 
 
