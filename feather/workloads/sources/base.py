@@ -13,6 +13,7 @@ trailing space costs one token more than whole-string tokenization would.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -64,6 +65,27 @@ class SourceData:
 
 def document_key(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class GroupsByDocument:
+    """One task's requests, grouped by (a hash of) their document."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, PromptGroup] = {}
+
+    def add(
+        self, document: str, tail: str, reference: str, new: Callable[[str], PromptGroup]
+    ) -> None:
+        """Add a request; `new(doc_key)` makes its group if the document is new."""
+        key = document_key(document)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = new(key)
+        group.tails.append(tail)
+        group.references.append(reference)
+
+    def groups(self) -> list[PromptGroup]:
+        return list(self._groups.values())
 
 
 def file_record(path: Path) -> dict:

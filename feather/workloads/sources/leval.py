@@ -24,10 +24,10 @@ from pathlib import Path
 from feather.workloads.hub import download
 from feather.workloads.sources.base import (
     DataUnavailableError,
+    GroupsByDocument,
     PromptGroup,
     SourceData,
     UnknownTaskError,
-    document_key,
     file_record,
     find_task_file,
     load_jsonl_with_datasets,
@@ -155,7 +155,7 @@ def load_leval(
     data.dropped = {"empty_documents": 0, "empty_questions": 0, "unpaired_questions": 0}
     data.dropped["tasks_not_in_data"] = len(TASKS) - len(chosen) if not tasks else 0
     for task in chosen:
-        by_document: dict[str, PromptGroup] = {}
+        by_document = GroupsByDocument()
         for record in load_jsonl_with_datasets(files[task], cache_dir):
             document = record.get("input") or ""
             if not document.strip():
@@ -164,15 +164,16 @@ def load_leval(
             questions = record.get("instructions") or []
             answers = record.get("outputs") or []
             data.dropped["unpaired_questions"] += abs(len(questions) - len(answers))
-            key = document_key(document)
-            group = by_document.get(key)
             for question, answer in zip(questions, answers, strict=False):
                 if not question or not question.strip():
                     data.dropped["empty_questions"] += 1
                     continue
                 head, tail = _segments(task, question, answer or "")
-                if group is None:
-                    group = PromptGroup(
+                by_document.add(
+                    document,
+                    tail,
+                    answer or "",
+                    lambda key, task=task, head=head, document=document: PromptGroup(
                         source="leval",
                         task=task,
                         doc_key=key,
@@ -182,9 +183,7 @@ def load_leval(
                         references=[],
                         truncation="document",
                         max_output_tokens=MAX_NEW_TOKENS,
-                    )
-                    by_document[key] = group
-                group.tails.append(tail)
-                group.references.append(answer or "")
-        data.groups.extend(by_document.values())
+                    ),
+                )
+        data.groups.extend(by_document.groups())
     return data

@@ -22,10 +22,10 @@ from pathlib import Path
 from feather.workloads.hub import download
 from feather.workloads.sources.base import (
     DataUnavailableError,
+    GroupsByDocument,
     PromptGroup,
     SourceData,
     UnknownTaskError,
-    document_key,
     file_record,
     find_task_file,
     load_jsonl_with_datasets,
@@ -131,7 +131,7 @@ def load_longbench(
         base = _base(task)
         head, tail_template = TEMPLATES[base].split("{context}")
         wrapped = chat == "vicuna" and base not in NO_CHAT
-        by_context: dict[str, PromptGroup] = {}
+        by_context = GroupsByDocument()
         for record in load_jsonl_with_datasets(files[task], cache_dir):
             context = record.get("context") or ""
             if not context.strip():
@@ -141,25 +141,26 @@ def load_longbench(
             if "{input}" in tail_template and not question.strip():
                 data.dropped["empty_questions"] += 1
                 continue
-            key = document_key(context)
-            group = by_context.get(key)
-            if group is None:
-                group = PromptGroup(
-                    source="longbench",
-                    task=task,
-                    doc_key=key,
-                    head=head,
-                    document=context,
-                    tails=[],
-                    references=[],
-                    truncation="middle",
-                    max_output_tokens=MAX_NEW_TOKENS[base],
-                    wrap_pre=VICUNA_SYSTEM + " USER: " if wrapped else "",
-                    wrap_post=" ASSISTANT:" if wrapped else "",
-                )
-                by_context[key] = group
-            group.tails.append(tail_template.replace("{input}", question))
             answers = record.get("answers") or [""]
-            group.references.append(answers[0] or "")
-        data.groups.extend(by_context.values())
+            by_context.add(
+                context,
+                tail_template.replace("{input}", question),
+                answers[0] or "",
+                lambda key, task=task, head=head, context=context, wrapped=wrapped, base=base: (
+                    PromptGroup(
+                        source="longbench",
+                        task=task,
+                        doc_key=key,
+                        head=head,
+                        document=context,
+                        tails=[],
+                        references=[],
+                        truncation="middle",
+                        max_output_tokens=MAX_NEW_TOKENS[base],
+                        wrap_pre=VICUNA_SYSTEM + " USER: " if wrapped else "",
+                        wrap_post=" ASSISTANT:" if wrapped else "",
+                    )
+                ),
+            )
+        data.groups.extend(by_context.groups())
     return data
