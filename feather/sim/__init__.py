@@ -1,0 +1,1 @@
+"""The simulator: a calibrated continuous-batching engine model for GPU hardware profiles."""
