@@ -31,6 +31,16 @@ def token_array(token_ids: Iterable[int], *, what: str = "token_ids") -> array:
         raise ValueError(f"{what} must be token ids in [0, 2**32) ({exc})") from exc
 
 
+def _token_bytes(token_ids: Iterable[int]) -> bytes:
+    """Native unsigned 32-bit bytes of the token ids (numpy arrays without a Python loop)."""
+    dtype = getattr(token_ids, "dtype", None)
+    if dtype is not None and getattr(token_ids, "ndim", 0) == 1 and dtype.kind in "iu":
+        if len(token_ids) and (token_ids.min() < 0 or token_ids.max() >= 2**32):
+            raise ValueError("token_ids must be token ids in [0, 2**32)")
+        return token_ids.astype("=u4", copy=False).tobytes()
+    return token_array(token_ids).tobytes()
+
+
 def chunk_hashes(token_ids: Iterable[int], chunk_size: int, parent: bytes = b"") -> list[bytes]:
     """The cumulative hashes of the full `chunk_size`-token chunks of a prompt.
 
@@ -38,7 +48,7 @@ def chunk_hashes(token_ids: Iterable[int], chunk_size: int, parent: bytes = b"")
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    data = token_array(token_ids).tobytes()
+    data = _token_bytes(token_ids)
     step = chunk_size * 4
     usable = len(data) - len(data) % step
     blake2b = hashlib.blake2b

@@ -80,7 +80,11 @@ class CacheAwarePolicy(AdmissionPolicy):
                 f"request {request.req_id!r} has no prompt_token_ids (only chunk hashes): "
                 f"the {self.name!r} policy matches token ids against a radix tree and needs them"
             )
-        self._tokens[request.req_id] = tuple(request.prompt_token_ids)
+        tokens = request.prompt_token_ids
+        # numpy arrays (workloads) become plain ints: the radix tree compares tuples
+        self._tokens[request.req_id] = tuple(
+            tokens.tolist() if hasattr(tokens, "tolist") else tokens
+        )
         self._waiting_queue[request.req_id] = None
 
     def _on_admit(self, req_id: RequestId) -> None:

@@ -1,0 +1,545 @@
+"""A discrete-event continuous-batching engine that runs the real admission policies.
+
+Simulated time advances one engine step at a time by the cost model's step time (plus the
+scheduling time where scheduling is not overlapped). Two modes:
+
+`vllm` (vLLM V1's `Scheduler.schedule`): each step first continues running requests in
+order (a decode token, or the next prefill chunk) under the token budget
+`max_num_batched_tokens`; if a running request cannot get blocks, the last running request
+is preempted (recompute: its blocks are freed, it waits again). Only if nothing was
+preempted are waiting requests admitted, one candidate at a time from the policy, each
+with its prefix-cache hit (at most prompt - 1 tokens, whole blocks), its prefill chunked to
+the remaining budget, until the budget, `max_num_seqs` or memory stops it. Prefill chunks
+and decodes share one step.
+
+`sglang` (SGLang's event loop): a step is either a prefill batch or a decode batch. If
+requests wait, new ones are admitted PrefillAdder-style - at most `max_prefill_tokens` new
+input tokens, one request chunked at `chunked_prefill_size`, memory reserved for the
+running requests' remaining outputs times `new_token_ratio` - and run as a prefill batch
+(decode pauses); otherwise all running requests decode. A decode that cannot get memory
+retracts the running request with the least progress.
+
+Both use one `BlockPool` (prefix caching on cumulative block hashes). Generated tokens get
+blocks hashed per request, so they are never shared.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from feather.chunk_hash import chunk_hashes
+from feather.policies.base import AdmissionPolicy, Request, StepContext, StepOutcome
+from feather.sim.batch import BatchStep, SeqStep
+from feather.sim.kv_pool import BlockPool
+from feather.timing import SchedulingTimer
+from feather.workloads.schema import WorkloadRequest
+
+Mode = Literal["vllm", "sglang"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine limits; defaults are the engines' own (vLLM V1 offline `LLM`, SGLang server).
+
+    num_blocks: KV pool size in blocks (the runner derives it from the hardware and model).
+    """
+
+    mode: Mode = "vllm"
+    num_blocks: int = 4096
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 8192
+    new_token_ratio: float = 0.7
+    overlap_scheduling: bool = False
+    max_steps: int = 5_000_000
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("vllm", "sglang"):
+            raise ValueError(f"engine mode must be vllm or sglang, got {self.mode!r}")
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+
+class SimRequest:
+    """A request's life in the engine."""
+
+    __slots__ = (
+        "admitted_s",
+        "arrival_s",
+        "block_ids",
+        "finish_s",
+        "first_token_s",
+        "group",
+        "hashes",
+        "id",
+        "num_computed",
+        "num_output",
+        "output_len",
+        "preemptions",
+        "prompt",
+        "prompt_len",
+    )  # fmt: skip
+
+    def __init__(self, w: WorkloadRequest, block_size: int) -> None:
+        self.id = w.request_id
+        self.prompt = w.prompt_token_ids
+        self.prompt_len = len(w.prompt_token_ids)
+        self.output_len = w.output_len
+        self.arrival_s = w.arrival_time_s
+        self.group = w.group_id
+        self.hashes: list = chunk_hashes(w.prompt_token_ids, block_size)
+        self.num_computed = 0  # tokens whose KV exists (prefix hits included)
+        self.num_output = 0
+        self.admitted_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.preemptions = 0
+        self.block_ids: tuple = ()  # the blocks it attends over, rebuilt only when they grow
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens that need KV before the next token can be sampled."""
+        return self.prompt_len + self.num_output
+
+    def block_hashes(self, block_size: int) -> list:
+        """Prompt hashes, extended by per-request hashes for blocks holding generated tokens."""
+        full = self.num_tokens // block_size
+        while len(self.hashes) < full:
+            self.hashes.append(("generated", self.id, len(self.hashes)))
+        return self.hashes
+
+
+@dataclass
+class StepRecord:
+    step: int
+    start_s: float
+    step_time_s: float
+    phase: str
+    batch: BatchStep
+    decode_seqs: int
+    prefill_tokens: int
+    sampled_tokens: int
+    admitted: int
+    preempted: int
+    finished: int
+    cache_hit_tokens: int
+    candidates: int
+    decisions_add: int
+    decisions_stop: int
+    stop_reason: str
+    waiting: int
+    waiting_prompt_tokens: int
+    free_blocks: int
+    sched_cpu_s: float
+    sched_model_s: float
+    cost: Any = None
+
+
+@dataclass
+class EngineResult:
+    requests: list[SimRequest]
+    steps: list[StepRecord] = field(default_factory=list)
+    makespan_s: float = 0.0
+    pool_evictions: int = 0
+
+
+CostFn = Callable[[BatchStep], Any]  # returns an object with .time_s
+SchedCostFn = Callable[[str, int, int, int], float]  # policy, candidates, waiting, tokens
+
+
+class Engine:
+    def __init__(
+        self,
+        requests: Sequence[WorkloadRequest],
+        policy: AdmissionPolicy,
+        config: EngineConfig,
+        cost_fn: CostFn,
+        sched_cost_fn: SchedCostFn,
+        *,
+        record_steps: bool = True,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.cost_fn = cost_fn
+        self.sched_cost_fn = sched_cost_fn
+        self.record_steps = record_steps
+        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.requests = [SimRequest(r, config.block_size) for r in requests]
+        self.by_id = {r.id: r for r in self.requests}
+        if len(self.by_id) != len(self.requests):
+            raise ValueError("duplicate request ids in the workload")
+        too_big = [
+            r.id
+            for r in self.requests
+            if -(-(r.prompt_len + r.output_len) // config.block_size) > config.num_blocks
+        ]
+        if too_big:
+            raise ValueError(
+                f"{len(too_big)} request(s) need more KV blocks than the whole pool holds "
+                f"({config.num_blocks} blocks), e.g. {too_big[0]!r}"
+            )
+        self.pending = sorted(self.requests, key=lambda r: (r.arrival_s, r.id))
+        self._next_arrival = 0
+        self.running: list[SimRequest] = []
+        self.waiting: set[str] = set()
+        self._waiting_tokens = 0
+        self.clock = 0.0
+        self.timer = SchedulingTimer()
+        self.result = EngineResult(self.requests)
+        self._unfinished = len(self.requests)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int, float], None] | None = None) -> EngineResult:
+        step = 0
+        while self._unfinished:
+            self._arrive()
+            if not self.running and not self.waiting:
+                self.clock = max(self.clock, self.pending[self._next_arrival].arrival_s)
+                continue
+            if step >= self.config.max_steps:
+                raise RuntimeError(f"simulation did not finish within {step} steps")
+            if self.config.mode == "vllm":
+                self._vllm_step(step)
+            else:
+                self._sglang_step(step)
+            step += 1
+            if progress is not None and step % 200 == 0:
+                progress(step, len(self.requests) - self._unfinished, self.clock)
+        self.result.makespan_s = self.clock
+        self.result.pool_evictions = self.pool.evictions
+        return self.result
+
+    def _arrive(self) -> None:
+        pending = self.pending
+        while (
+            self._next_arrival < len(pending)
+            and pending[self._next_arrival].arrival_s <= self.clock
+        ):
+            r = pending[self._next_arrival]
+            self._next_arrival += 1
+            with self.timer.measure():
+                self.policy.add_request(
+                    Request(
+                        r.id,
+                        prompt_token_ids=r.prompt,
+                        chunk_hashes=r.hashes[: len(r.hashes)],
+                        arrival_time=r.arrival_s,
+                    )
+                )
+            self.waiting.add(r.id)
+            self._waiting_tokens += r.num_tokens
+
+    # ---- vLLM V1 -------------------------------------------------------------------------------
+    def _vllm_step(self, step: int) -> None:
+        cfg, pool = self.config, self.pool
+        budget = cfg.max_num_batched_tokens
+        scheduled: dict[str, int] = {}
+        preempted = 0
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n_new = min(req.num_tokens - req.num_computed, budget)
+            while not pool.allocate(req.id, req.num_computed + n_new):
+                victim = running.pop()
+                self._preempt(victim)
+                scheduled.pop(victim.id, None)
+                preempted += 1
+                if victim is req:
+                    break
+            else:
+                scheduled[req.id] = n_new
+                budget -= n_new
+                i += 1
+                continue
+            break
+        admitted, hits, candidates, adds, stops, reason = 0, 0, 0, 0, 0, "preempted"
+        waiting_tokens = self._waiting_prompt_tokens()
+        waiting_count = len(self.waiting)
+        if not preempted:
+            reason = "token_budget" if budget <= 0 else ""
+            with self.timer.measure():
+                self.policy.begin_step(
+                    StepContext(
+                        num_running=len(running),
+                        max_running=cfg.max_num_seqs,
+                        token_budget=budget,
+                        free_blocks=pool.num_free,
+                    )
+                )
+                while budget > 0 and len(running) < cfg.max_num_seqs:
+                    rid = self.policy.next_candidate()
+                    if rid is None:
+                        break
+                    candidates += 1
+                    req = self.by_id[rid]
+                    hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
+                    n_new = min(req.num_tokens - len(hit) * cfg.block_size, budget)
+                    if not pool.allocate(req.id, len(hit) * cfg.block_size + n_new, hit):
+                        self.policy.refused(rid)
+                        break
+                    self.policy.admitted(rid)
+                    self._admit(req, len(hit) * cfg.block_size)
+                    pool.cache_full_blocks(rid, req.hashes, req.num_computed + n_new)
+                    hits += len(hit) * cfg.block_size
+                    scheduled[rid] = n_new
+                    budget -= n_new
+                    admitted += 1
+                record = self.policy.last_step
+                reason = (
+                    record.stop_reason.value
+                    if record.stop_reason
+                    else ("token_budget" if budget <= 0 else "max_num_seqs")
+                )
+                adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
+                stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
+        self._execute(
+            step,
+            scheduled,
+            "mixed",
+            admitted,
+            preempted,
+            hits,
+            candidates,
+            adds,
+            stops,
+            reason,
+            waiting_count,
+            waiting_tokens,
+        )
+
+    # ---- SGLang --------------------------------------------------------------------------------
+    def _sglang_step(self, step: int) -> None:
+        cfg, pool = self.config, self.pool
+        scheduled: dict[str, int] = {}
+        admitted = hits = candidates = adds = stops = preempted = 0
+        reason = ""
+        waiting_tokens = self._waiting_prompt_tokens()
+        waiting_count = len(self.waiting)
+        chunked = [r for r in self.running if r.num_computed < r.prompt_len]
+        if chunked:  # finish the chunked prefill before anything else (SGLang's chunked_req)
+            req = chunked[0]
+            n_new = min(req.num_tokens - req.num_computed, cfg.chunked_prefill_size)
+            if pool.allocate(req.id, req.num_computed + n_new):
+                scheduled[req.id] = n_new
+        elif self.waiting and len(self.running) < cfg.max_num_seqs:
+            rem_input = cfg.max_prefill_tokens
+            rem_chunk = cfg.chunked_prefill_size
+            reserve = sum(
+                math.ceil((r.output_len - r.num_output) * cfg.new_token_ratio) for r in self.running
+            )
+            with self.timer.measure():
+                self.policy.begin_step(
+                    StepContext(
+                        num_running=len(self.running),
+                        max_running=cfg.max_num_seqs,
+                        token_budget=rem_input,
+                        free_blocks=pool.num_free,
+                    )
+                )
+                while len(self.running) < cfg.max_num_seqs and rem_input > 0 and rem_chunk > 0:
+                    rid = self.policy.next_candidate()
+                    if rid is None:
+                        break
+                    candidates += 1
+                    req = self.by_id[rid]
+                    hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
+                    cached = len(hit) * cfg.block_size
+                    extend = req.num_tokens - cached
+                    n_new = min(extend, rem_chunk)
+                    need_tokens = extend + math.ceil(
+                        (req.output_len - req.num_output) * cfg.new_token_ratio
+                    )
+                    free_tokens = (
+                        pool.num_free - pool.blocks_needed(req.id, 0, hit)
+                    ) * cfg.block_size
+                    if need_tokens + reserve > free_tokens:  # PrefillAdder: NO_TOKEN
+                        self.policy.refused(rid)
+                        break
+                    if extend > rem_input and admitted:  # PrefillAdder: OTHER
+                        self.policy.refused(rid)
+                        break
+                    if not pool.allocate(req.id, cached + n_new, hit):
+                        self.policy.refused(rid)
+                        break
+                    self.policy.admitted(rid)
+                    self._admit(req, cached)
+                    pool.cache_full_blocks(rid, req.hashes, cached + n_new)
+                    hits += cached
+                    scheduled[rid] = n_new
+                    rem_input -= n_new
+                    rem_chunk -= n_new
+                    reserve += need_tokens - extend
+                    admitted += 1
+                    if n_new < extend:  # this one is chunked: it continues next step
+                        break
+                record = self.policy.last_step
+                reason = record.stop_reason.value if record.stop_reason else "prefill_budget"
+                adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
+                stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
+        if scheduled:
+            self._execute(
+                step,
+                scheduled,
+                "prefill",
+                admitted,
+                0,
+                hits,
+                candidates,
+                adds,
+                stops,
+                reason,
+                waiting_count,
+                waiting_tokens,
+            )
+            return
+        running = self.running  # decode everyone; retract the least advanced on shortage
+        while running:
+            need = sum(pool.blocks_needed(r.id, r.num_computed + 1) for r in running)
+            if need <= pool.num_free:
+                break
+            victim = min(running, key=lambda r: (r.num_output, -r.prompt_len))
+            running.remove(victim)
+            self._preempt(victim, to_front=False)
+            preempted += 1
+        for req in running:
+            pool.allocate(req.id, req.num_computed + 1)
+            scheduled[req.id] = 1
+        self._execute(
+            step,
+            scheduled,
+            "decode",
+            0,
+            preempted,
+            0,
+            0,
+            0,
+            0,
+            "decode" if not preempted else "retracted",
+            waiting_count,
+            waiting_tokens,
+        )
+
+    # ---- shared ----------------------------------------------------------------------------------
+    def _admit(self, req: SimRequest, cached_tokens: int) -> None:
+        self.waiting.discard(req.id)
+        self._waiting_tokens -= req.num_tokens
+        req.num_computed = cached_tokens
+        if req.admitted_s is None:
+            req.admitted_s = self.clock
+        self.running.append(req)
+
+    def _preempt(self, req: SimRequest, to_front: bool = True) -> None:
+        del to_front  # where it waits is the policy's choice (see AdmissionPolicy.preempted)
+        self.pool.free(req.id)
+        req.num_computed = 0
+        req.block_ids = ()
+        req.preemptions += 1
+        self.waiting.add(req.id)
+        self._waiting_tokens += req.num_tokens
+        with self.timer.measure():
+            self.policy.preempted(req.id)
+
+    def _waiting_prompt_tokens(self) -> int:
+        return self._waiting_tokens
+
+    def _execute(
+        self,
+        step: int,
+        scheduled: dict[str, int],
+        phase: str,
+        admitted: int,
+        preempted: int,
+        hits: int,
+        candidates: int,
+        adds: int,
+        stops: int,
+        reason: str,
+        waiting_count: int,
+        waiting_tokens: int,
+    ) -> None:
+        cfg, pool = self.config, self.pool
+        if not scheduled and not self.running:
+            if self._next_arrival < len(self.pending):  # idle: wait for the next arrival
+                self.timer.end_step()
+                self.clock = max(self.clock, self.pending[self._next_arrival].arrival_s)
+                return
+            raise RuntimeError(
+                f"policy {self.policy.name!r} admitted nothing into an idle engine while "
+                f"{len(self.waiting)} request(s) wait and none will arrive: it would never finish"
+            )
+        seqs = []
+        for rid, n_new in scheduled.items():
+            req = self.by_id[rid]
+            total = req.num_computed + n_new
+            used = -(-total // cfg.block_size)
+            if len(req.block_ids) != used:
+                req.block_ids = tuple(pool.blocks_of(rid)[:used])
+                pool.cache_full_blocks(rid, req.block_hashes(cfg.block_size), total)
+            seqs.append(SeqStep(req.block_ids, req.num_computed, n_new, req.group))
+        batch = BatchStep(tuple(seqs), cfg.block_size)
+        cost = self.cost_fn(batch)
+        timing = self.timer.end_step()
+        sched_model = self.sched_cost_fn(
+            self.policy.name, candidates, waiting_count, waiting_tokens
+        )
+        step_time = cost.time_s + (0.0 if cfg.overlap_scheduling else sched_model)
+        start = self.clock
+        self.clock += step_time
+        sampled = finished = prefill_tokens = decode_seqs = 0
+        for rid, n_new in scheduled.items():
+            req = self.by_id[rid]
+            if n_new == 1 and req.num_computed >= req.prompt_len:
+                decode_seqs += 1
+            else:
+                prefill_tokens += n_new
+            req.num_computed += n_new
+            if req.num_computed < req.num_tokens:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            req.num_output += 1
+            sampled += 1
+            if req.first_token_s is None:
+                req.first_token_s = self.clock
+            if req.num_output >= req.output_len:
+                req.finish_s = self.clock
+                self.running.remove(req)
+                pool.free(rid)
+                with self.timer.measure():
+                    self.policy.finished(rid)
+                finished += 1
+                self._unfinished -= 1
+        self.policy.report_step(StepOutcome(len(scheduled), sampled, step_time))
+        if self.record_steps:
+            self.result.steps.append(
+                StepRecord(
+                    step=step,
+                    start_s=start,
+                    step_time_s=step_time,
+                    phase=phase,
+                    batch=batch,
+                    decode_seqs=decode_seqs,
+                    prefill_tokens=prefill_tokens,
+                    sampled_tokens=sampled,
+                    admitted=admitted,
+                    preempted=preempted,
+                    finished=finished,
+                    cache_hit_tokens=hits,
+                    candidates=candidates,
+                    decisions_add=adds,
+                    decisions_stop=stops,
+                    stop_reason=reason,
+                    waiting=waiting_count,
+                    waiting_prompt_tokens=waiting_tokens,
+                    free_blocks=pool.num_free,
+                    sched_cpu_s=timing.cpu_s,
+                    sched_model_s=sched_model,
+                    cost=cost,
+                )
+            )
