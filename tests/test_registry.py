@@ -38,6 +38,7 @@ def test_every_registered_name_builds_its_policy() -> None:
         "feather-static",
         "feather-ucb",
         "feather-qlearn",
+        "batches",
     ]
     for name in scheduler_names():
         policy = create_scheduler(name)

@@ -241,3 +241,42 @@ TestPoolAgainstReference = PoolMachine.TestCase
 TestPoolAgainstReference.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None
 )
+
+
+def test_fixed_batches_drain_one_batch_before_the_next() -> None:
+    from feather.sim.batches import FixedBatchesPolicy, plan_batches
+
+    w = load_workload(
+        "synthetic:groups=3,per_group=6,prefix=64,suffix=8,output=5,order=shuffled,seed=5"
+    )
+    homogeneous = plan_batches(w.requests, "homogeneous", 4)
+    assert [len(b) for b in homogeneous] == [4, 2, 4, 2, 4, 2]
+    assert all(len({rid.split("/")[1] for rid in b}) == 1 for b in homogeneous)
+    mixed = plan_batches(w.requests, "mixed", 6)
+    assert all(len({rid.split("/")[1] for rid in b}) == 3 for b in mixed)
+    for plan in (homogeneous, mixed):
+        policy = FixedBatchesPolicy(batches=plan)
+        engine = Engine(
+            w.requests, policy, EngineConfig(num_blocks=500), CheckingCost(), lambda *a: 0.0
+        )
+        engine.cost_fn.engine = engine
+        result = engine.run()
+        batches_seen = [{s.group for s in st.batch.seqs} for st in result.steps]
+        running = [len(st.batch.seqs) for st in result.steps]
+        assert max(running) == max(len(b) for b in plan)
+        # every step runs members of exactly one planned batch
+        member = {rid: i for i, b in enumerate(plan) for rid in b}
+        finished_order = sorted(result.requests, key=lambda r: r.finish_s)
+        assert [member[r.id] for r in finished_order] == sorted(
+            member[r.id] for r in finished_order
+        )
+        assert batches_seen
+
+
+def test_c2_workload_puts_k_divergent_requests_in_one_batch() -> None:
+    from feather.sim.batches import plan_batches
+
+    w = load_workload("synthetic:groups=1,per_group=100,prefix=256,suffix=16,unshared=0.03")
+    (batch,) = plan_batches(w.requests, "mixed", 100)
+    groups = {r.request_id: r.group_id for r in w.requests}
+    assert sum(groups[rid].startswith("unshared/") for rid in batch) == 3

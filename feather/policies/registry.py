@@ -18,6 +18,7 @@ _BUILTIN: dict[str, str] = {
     "feather-static": "feather.policies.feather:FeatherStaticPolicy",
     "feather-ucb": "feather.policies.feather:FeatherUCBPolicy",
     "feather-qlearn": "feather.policies.feather:FeatherQLearningPolicy",
+    "batches": "feather.sim.batches:FixedBatchesPolicy",
 }
 
 
