@@ -12,8 +12,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from feather.policies import create_scheduler
 from feather.sim.engine import Engine, EngineConfig
 from feather.sim.kv_pool import BlockPool
+from feather.sim.sched_cost import SchedulingCostModel
 from feather.workloads import load_workload
 
+ZERO = SchedulingCostModel.zero()
 POLICIES = ("fcfs", "lpm", "dfs-weight", "feather-static", "feather-ucb", "feather-qlearn")
 
 
@@ -47,7 +49,7 @@ class CheckingCost:
 
 def run(workload, name: str, **config):
     cost = CheckingCost()
-    engine = Engine(workload.requests, policy(name), EngineConfig(**config), cost, lambda *a: 0.0)
+    engine = Engine(workload.requests, policy(name), EngineConfig(**config), cost, ZERO)
     cost.engine = engine
     return engine, engine.run()
 
@@ -110,9 +112,7 @@ def test_feather_keeps_batches_homogeneous_in_the_engine() -> None:
 def test_requests_too_large_for_the_pool_and_stalling_policies_fail_clearly() -> None:
     w = load_workload("synthetic:groups=1,per_group=2,prefix=64,suffix=0,output=64")
     with pytest.raises(ValueError, match="need more KV blocks than the whole pool"):
-        Engine(
-            w.requests, policy("fcfs"), EngineConfig(num_blocks=4), lambda b: None, lambda *a: 0.0
-        )
+        Engine(w.requests, policy("fcfs"), EngineConfig(num_blocks=4), lambda b: None, ZERO)
 
     class Never(create_scheduler("fcfs").__class__):
         name = "never"
@@ -120,9 +120,7 @@ def test_requests_too_large_for_the_pool_and_stalling_policies_fail_clearly() ->
         def _choose(self):
             return None
 
-    engine = Engine(
-        w.requests, Never(), EngineConfig(num_blocks=64), CheckingCost(), lambda *a: 0.0
-    )
+    engine = Engine(w.requests, Never(), EngineConfig(num_blocks=64), CheckingCost(), ZERO)
     with pytest.raises(RuntimeError, match="admitted nothing into an idle engine"):
         engine.run()
 
@@ -256,9 +254,7 @@ def test_fixed_batches_drain_one_batch_before_the_next() -> None:
     assert all(len({rid.split("/")[1] for rid in b}) == 3 for b in mixed)
     for plan in (homogeneous, mixed):
         policy = FixedBatchesPolicy(batches=plan)
-        engine = Engine(
-            w.requests, policy, EngineConfig(num_blocks=500), CheckingCost(), lambda *a: 0.0
-        )
+        engine = Engine(w.requests, policy, EngineConfig(num_blocks=500), CheckingCost(), ZERO)
         engine.cost_fn.engine = engine
         result = engine.run()
         batches_seen = [{s.group for s in st.batch.seqs} for st in result.steps]

@@ -34,6 +34,7 @@ from feather.chunk_hash import chunk_hashes
 from feather.policies.base import AdmissionPolicy, Request, StepContext, StepOutcome
 from feather.sim.batch import BatchStep, SeqStep
 from feather.sim.kv_pool import BlockPool
+from feather.sim.sched_cost import StepWork
 from feather.timing import SchedulingTimer
 from feather.workloads.schema import WorkloadRequest
 
@@ -134,8 +135,7 @@ class StepRecord:
     decisions_add: int
     decisions_stop: int
     stop_reason: str
-    waiting: int
-    waiting_prompt_tokens: int
+    work: StepWork
     free_blocks: int
     sched_cpu_s: float
     sched_model_s: float
@@ -151,7 +151,7 @@ class EngineResult:
 
 
 CostFn = Callable[[BatchStep], Any]  # returns an object with .time_s
-SchedCostFn = Callable[[str, int, int, int], float]  # policy, candidates, waiting, tokens
+SchedCostFn = Callable[[str, StepWork], float]  # policy name, work -> seconds
 
 
 class Engine:
@@ -190,6 +190,8 @@ class Engine:
         self.running: list[SimRequest] = []
         self.waiting: set[str] = set()
         self._waiting_tokens = 0
+        self._arrivals = 0
+        self._arrival_tokens = 0
         self.clock = 0.0
         self.timer = SchedulingTimer()
         self.result = EngineResult(self.requests)
@@ -235,6 +237,8 @@ class Engine:
                 )
             self.waiting.add(r.id)
             self._waiting_tokens += r.num_tokens
+            self._arrivals += 1
+            self._arrival_tokens += r.prompt_len
 
     # ---- vLLM V1 -------------------------------------------------------------------------------
     def _vllm_step(self, step: int) -> None:
@@ -264,42 +268,42 @@ class Engine:
         waiting_tokens = self._waiting_prompt_tokens()
         waiting_count = len(self.waiting)
         if not preempted:
-            reason = "token_budget" if budget <= 0 else ""
-            with self.timer.measure():
-                self.policy.begin_step(
-                    StepContext(
-                        num_running=len(running),
-                        max_running=cfg.max_num_seqs,
-                        token_budget=budget,
-                        free_blocks=pool.num_free,
-                    )
-                )
-                while budget > 0 and len(running) < cfg.max_num_seqs:
-                    rid = self.policy.next_candidate()
-                    if rid is None:
-                        break
-                    candidates += 1
-                    req = self.by_id[rid]
-                    hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
-                    n_new = min(req.num_tokens - len(hit) * cfg.block_size, budget)
-                    if not pool.allocate(req.id, len(hit) * cfg.block_size + n_new, hit):
-                        self.policy.refused(rid)
-                        break
-                    self.policy.admitted(rid)
-                    self._admit(req, len(hit) * cfg.block_size)
-                    pool.cache_full_blocks(rid, req.hashes, req.num_computed + n_new)
-                    hits += len(hit) * cfg.block_size
-                    scheduled[rid] = n_new
-                    budget -= n_new
-                    admitted += 1
-                record = self.policy.last_step
-                reason = (
-                    record.stop_reason.value
-                    if record.stop_reason
-                    else ("token_budget" if budget <= 0 else "max_num_seqs")
-                )
-                adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
-                stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
+            timed, policy = self._timed, self.policy
+            timed(
+                policy.begin_step,
+                StepContext(
+                    num_running=len(running),
+                    max_running=cfg.max_num_seqs,
+                    token_budget=budget,
+                    free_blocks=pool.num_free,
+                ),
+            )
+            while budget > 0 and len(running) < cfg.max_num_seqs:
+                rid = timed(policy.next_candidate)
+                if rid is None:
+                    break
+                candidates += 1
+                req = self.by_id[rid]
+                hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
+                n_new = min(req.num_tokens - len(hit) * cfg.block_size, budget)
+                if not pool.allocate(req.id, len(hit) * cfg.block_size + n_new, hit):
+                    timed(policy.refused, rid)
+                    break
+                timed(policy.admitted, rid)
+                self._admit(req, len(hit) * cfg.block_size)
+                pool.cache_full_blocks(rid, req.hashes, req.num_computed + n_new)
+                hits += len(hit) * cfg.block_size
+                scheduled[rid] = n_new
+                budget -= n_new
+                admitted += 1
+            record = self.policy.last_step
+            reason = (
+                record.stop_reason.value
+                if record.stop_reason
+                else ("token_budget" if budget <= 0 else "max_num_seqs")
+            )
+            adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
+            stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
         self._execute(
             step,
             scheduled,
@@ -335,55 +339,52 @@ class Engine:
             reserve = sum(
                 math.ceil((r.output_len - r.num_output) * cfg.new_token_ratio) for r in self.running
             )
-            with self.timer.measure():
-                self.policy.begin_step(
-                    StepContext(
-                        num_running=len(self.running),
-                        max_running=cfg.max_num_seqs,
-                        token_budget=rem_input,
-                        free_blocks=pool.num_free,
-                    )
+            timed, policy = self._timed, self.policy
+            timed(
+                policy.begin_step,
+                StepContext(
+                    num_running=len(self.running),
+                    max_running=cfg.max_num_seqs,
+                    token_budget=rem_input,
+                    free_blocks=pool.num_free,
+                ),
+            )
+            while len(self.running) < cfg.max_num_seqs and rem_input > 0 and rem_chunk > 0:
+                rid = timed(policy.next_candidate)
+                if rid is None:
+                    break
+                candidates += 1
+                req = self.by_id[rid]
+                hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
+                cached = len(hit) * cfg.block_size
+                extend = req.num_tokens - cached
+                n_new = min(extend, rem_chunk)
+                need_tokens = extend + math.ceil(
+                    (req.output_len - req.num_output) * cfg.new_token_ratio
                 )
-                while len(self.running) < cfg.max_num_seqs and rem_input > 0 and rem_chunk > 0:
-                    rid = self.policy.next_candidate()
-                    if rid is None:
-                        break
-                    candidates += 1
-                    req = self.by_id[rid]
-                    hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
-                    cached = len(hit) * cfg.block_size
-                    extend = req.num_tokens - cached
-                    n_new = min(extend, rem_chunk)
-                    need_tokens = extend + math.ceil(
-                        (req.output_len - req.num_output) * cfg.new_token_ratio
-                    )
-                    free_tokens = (
-                        pool.num_free - pool.blocks_needed(req.id, 0, hit)
-                    ) * cfg.block_size
-                    if need_tokens + reserve > free_tokens:  # PrefillAdder: NO_TOKEN
-                        self.policy.refused(rid)
-                        break
-                    if extend > rem_input and admitted:  # PrefillAdder: OTHER
-                        self.policy.refused(rid)
-                        break
-                    if not pool.allocate(req.id, cached + n_new, hit):
-                        self.policy.refused(rid)
-                        break
-                    self.policy.admitted(rid)
-                    self._admit(req, cached)
-                    pool.cache_full_blocks(rid, req.hashes, cached + n_new)
-                    hits += cached
-                    scheduled[rid] = n_new
-                    rem_input -= n_new
-                    rem_chunk -= n_new
-                    reserve += need_tokens - extend
-                    admitted += 1
-                    if n_new < extend:  # this one is chunked: it continues next step
-                        break
-                record = self.policy.last_step
-                reason = record.stop_reason.value if record.stop_reason else "prefill_budget"
-                adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
-                stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
+                free_tokens = (pool.num_free - pool.blocks_needed(req.id, 0, hit)) * cfg.block_size
+                if (
+                    need_tokens + reserve > free_tokens  # PrefillAdder: NO_TOKEN
+                    or (extend > rem_input and admitted)  # PrefillAdder: OTHER
+                    or not pool.allocate(req.id, cached + n_new, hit)
+                ):
+                    timed(policy.refused, rid)
+                    break
+                timed(policy.admitted, rid)
+                self._admit(req, cached)
+                pool.cache_full_blocks(rid, req.hashes, cached + n_new)
+                hits += cached
+                scheduled[rid] = n_new
+                rem_input -= n_new
+                rem_chunk -= n_new
+                reserve += need_tokens - extend
+                admitted += 1
+                if n_new < extend:  # this one is chunked: it continues next step
+                    break
+            record = policy.last_step
+            reason = record.stop_reason.value if record.stop_reason else "prefill_budget"
+            adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
+            stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
         if scheduled:
             self._execute(
                 step,
@@ -428,6 +429,11 @@ class Engine:
         )
 
     # ---- shared ----------------------------------------------------------------------------------
+    def _timed(self, call: Callable[..., Any], *args: Any) -> Any:
+        """A policy call, its CPU time counted as this step's scheduling time."""
+        with self.timer.measure():
+            return call(*args)
+
     def _admit(self, req: SimRequest, cached_tokens: int) -> None:
         self.waiting.discard(req.id)
         self._waiting_tokens -= req.num_tokens
@@ -486,13 +492,8 @@ class Engine:
             seqs.append(SeqStep(req.block_ids, req.num_computed, n_new, req.group))
         batch = BatchStep(tuple(seqs), cfg.block_size)
         cost = self.cost_fn(batch)
-        timing = self.timer.end_step()
-        sched_model = self.sched_cost_fn(
-            self.policy.name, candidates, waiting_count, waiting_tokens
-        )
-        step_time = cost.time_s + (0.0 if cfg.overlap_scheduling else sched_model)
         start = self.clock
-        self.clock += step_time
+        self.clock += cost.time_s
         sampled = finished = prefill_tokens = decode_seqs = 0
         for rid, n_new in scheduled.items():
             req = self.by_id[rid]
@@ -515,6 +516,20 @@ class Engine:
                     self.policy.finished(rid)
                 finished += 1
                 self._unfinished -= 1
+        timing = self.timer.end_step()
+        work = StepWork(
+            candidates=candidates,
+            arrivals=self._arrivals,
+            arrival_tokens=self._arrival_tokens,
+            finished=finished,
+            waiting=waiting_count,
+            waiting_tokens=waiting_tokens,
+        )
+        self._arrivals = self._arrival_tokens = 0
+        sched_model = self.sched_cost_fn(self.policy.name, work)
+        if not cfg.overlap_scheduling:
+            self.clock += sched_model  # vLLM V1's default path schedules synchronously
+        step_time = self.clock - start
         self.policy.report_step(StepOutcome(len(scheduled), sampled, step_time))
         if self.record_steps:
             self.result.steps.append(
@@ -535,8 +550,7 @@ class Engine:
                     decisions_add=adds,
                     decisions_stop=stops,
                     stop_reason=reason,
-                    waiting=waiting_count,
-                    waiting_prompt_tokens=waiting_tokens,
+                    work=work,
                     free_blocks=pool.num_free,
                     sched_cpu_s=timing.cpu_s,
                     sched_model_s=sched_model,
