@@ -157,6 +157,55 @@ def _cmd_workload_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_params(items: list[str] | None) -> dict:
+    """`key=value` pairs; values are JSON where they parse as JSON, else strings."""
+    params: dict = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"feather: --param expects key=value, got {item!r}")
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from feather.sim.run import SimulationSpec, simulate, stderr_progress, write_run
+
+    spec = SimulationSpec(
+        workload=args.workload,
+        scheduler=args.scheduler,
+        hardware=args.hardware,
+        model=args.model,
+        kernel=args.kernel,
+        engine_mode=args.engine_mode,
+        seed=args.seed,
+        scheduler_params=_parse_params(args.param),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        sched_time=args.sched_time,
+        overlap_scheduling=args.overlap_scheduling,
+    )
+    result = simulate(spec, progress=None if args.quiet else stderr_progress)
+    out = write_run(result, args.out)
+    summary = result.summary
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))
+    else:
+        print(
+            f"{spec.scheduler} on simulated {spec.hardware} / {spec.model} ({spec.kernel}, "
+            f"{spec.engine_mode}): {summary['output_tok_s']:,.0f} output tok/s, makespan "
+            f"{summary['makespan_s']:.2f} s, mean batch {summary['mean_batch_size']:.1f}, "
+            f"L2 hit {summary['l2_hit_rate']:.2f}, {summary['fraction_of_oracle']:.2f} of the "
+            f"roofline oracle -> {out}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="feather", description="Feather: prefix-aware batch formation, reproducibly measured."
@@ -263,11 +312,60 @@ def build_parser() -> argparse.ArgumentParser:
     ws.add_argument("file")
     ws.add_argument("--json", action="store_true", help="print JSON")
     ws.set_defaults(func=_cmd_workload_stats)
+
+    sim = commands.add_parser(
+        "simulate", help="simulate a scheduler on a workload for a GPU hardware profile"
+    )
+    sim.add_argument("--workload", required=True, help="workload .parquet or synthetic:...")
+    sim.add_argument(
+        "--scheduler",
+        required=True,
+        help="registered name (feather schedulers) or package.module:Class",
+    )
+    sim.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="scheduler parameter (repeatable), e.g. min_batch=16",
+    )
+    sim.add_argument("--hardware", required=True, help="hardware profile, e.g. a100-80gb")
+    sim.add_argument("--model", required=True, help="model profile, e.g. llama-3.1-8b")
+    sim.add_argument("--kernel", choices=["paged", "cascade", "pat"], default="paged")
+    sim.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--max-num-seqs", type=int, default=256)
+    sim.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    sim.add_argument("--block-size", type=int, default=16)
+    sim.add_argument("--num-blocks", type=int, help="KV pool size (default: from memory)")
+    sim.add_argument(
+        "--sched-time",
+        choices=["model", "zero"],
+        default="model",
+        help="scheduling time in simulated time: calibrated model or none",
+    )
+    sim.add_argument(
+        "--overlap-scheduling",
+        action="store_true",
+        help="scheduling overlaps the GPU step (async scheduling)",
+    )
+    sim.add_argument("--out", required=True, help="run directory")
+    sim.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    sim.set_defaults(func=_cmd_simulate)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "simulate":
+        from feather.policies import UnknownSchedulerError
+        from feather.workloads.schema import WorkloadError
+
+        try:
+            return args.func(args)
+        except (ValueError, UnknownSchedulerError, WorkloadError) as exc:
+            print(f"feather simulate: {exc}", file=sys.stderr)
+            return 2
     if args.command == "workload":
         from feather.workloads.schema import WorkloadError
         from feather.workloads.sources.base import DataUnavailableError, UnknownTaskError

@@ -2,7 +2,9 @@
 
 Data, not code: a user adds a model with `register_model(ModelProfile(...))` (the pipeline
 will read extra profiles from config.yaml). Workloads need the context length; the
-simulator needs the shapes and bytes.
+simulator needs the shapes and bytes (the step cost model, `feather.sim.cost`, also needs
+vocab_size, intermediate_size and tie_word_embeddings; 0 means "not given" and the cost
+model refuses such a profile rather than guess).
 """
 
 from __future__ import annotations
@@ -21,11 +23,19 @@ class ModelProfile:
     context_tokens: int  # max_position_embeddings
     weight_bytes: int  # bf16 parameters
     source: str
+    vocab_size: int = 0  # config.json vocab_size; 0 = not given
+    intermediate_size: int = 0  # config.json intermediate_size (MLP width); 0 = not given
+    tie_word_embeddings: bool = False  # config.json; True: the LM head reuses the embedding
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V, all layers, bf16 (2 bytes)."""
         return 2 * self.kv_heads * self.head_dim * 2 * self.layers
+
+    @property
+    def embedding_bytes(self) -> int:
+        """The input embedding table, bf16: vocab_size x hidden x 2 bytes."""
+        return self.vocab_size * self.hidden * 2
 
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
@@ -50,6 +60,8 @@ for _profile in (
         8_192,
         16_060_522_496,
         _HF.format("meta-llama/Meta-Llama-3-8B"),
+        vocab_size=128_256,
+        intermediate_size=14_336,
     ),
     ModelProfile(
         "llama-3.1-8b",
@@ -61,6 +73,8 @@ for _profile in (
         131_072,
         16_060_522_496,
         _HF.format("meta-llama/Llama-3.1-8B"),
+        vocab_size=128_256,
+        intermediate_size=14_336,
     ),
     ModelProfile(
         "qwen2.5-7b",
@@ -72,9 +86,21 @@ for _profile in (
         32_768,
         15_231_233_024,
         _HF.format("Qwen/Qwen2.5-7B-Instruct"),
+        vocab_size=152_064,
+        intermediate_size=18_944,
     ),
     ModelProfile(
-        "qwen3-8b", 36, 4096, 32, 8, 128, 40_960, 16_381_470_720, _HF.format("Qwen/Qwen3-8B")
+        "qwen3-8b",
+        36,
+        4096,
+        32,
+        8,
+        128,
+        40_960,
+        16_381_470_720,
+        _HF.format("Qwen/Qwen3-8B"),
+        vocab_size=151_936,
+        intermediate_size=12_288,
     ),
     ModelProfile(
         "longchat-13b-16k",
@@ -86,6 +112,8 @@ for _profile in (
         16_384,
         26_031_728_640,
         _HF.format("lmsys/longchat-13b-16k"),
+        vocab_size=32_000,
+        intermediate_size=13_824,
     ),
 ):
     register_model(_profile)

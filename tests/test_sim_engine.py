@@ -276,3 +276,42 @@ def test_c2_workload_puts_k_divergent_requests_in_one_batch() -> None:
     (batch,) = plan_batches(w.requests, "mixed", 100)
     groups = {r.request_id: r.group_id for r in w.requests}
     assert sum(groups[rid].startswith("unshared/") for rid in batch) == 3
+
+
+def test_kernel_order_follows_vllms_persistent_batch() -> None:
+    """A finished request leaves a hole a new one fills; otherwise the last moves in."""
+    import numpy as np
+
+    from feather.workloads.schema import WorkloadRequest
+
+    def request(name: str, output: int, arrival: float = 0.0) -> WorkloadRequest:
+        tokens = np.arange(40, dtype=np.int32) + 1000 * ord(name)
+        return WorkloadRequest(name, "t", "t", [name, name], [0, 0], tokens, output, arrival)
+
+    layouts = []
+
+    class Recording(CheckingCost):
+        def __call__(self, batch):
+            layouts.append(
+                "".join(
+                    self.engine.slots[i].id
+                    for i in range(len(self.engine.slots))
+                    if self.engine.slots[i] is not None
+                )
+            )
+            return super().__call__(batch)
+
+    w = [
+        request("A", 6),
+        request("B", 2),
+        request("C", 6),
+        request("D", 6),
+        request("E", 3, arrival=0.0021),
+    ]
+    cost = Recording()
+    engine = Engine(w, policy("fcfs"), EngineConfig(num_blocks=64, max_num_seqs=4), cost, ZERO)
+    cost.engine = engine
+    engine.run()
+    assert layouts[0] == "ABCD"
+    assert "AECD" in layouts  # B finished; E arrived and took B's slot
+    assert layouts[-1] in ("A", "AC", "ACD", "ADC", "AD")  # condensed, never a gap

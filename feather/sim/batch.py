@@ -34,7 +34,12 @@ class SeqStep:
 
 @dataclass(frozen=True, slots=True)
 class BatchStep:
-    """All sequences of one step, in the order the engine lays them out (kernel order)."""
+    """All sequences of one step, in the order the engine lays them out (kernel order).
+
+    idle_block_ids: block lists of requests that hold KV but are not scheduled this step
+    (vLLM counts them when deciding whether a prefix is common to everyone, for cascade).
+    """
 
     seqs: tuple[SeqStep, ...]
     block_size: int
+    idle_block_ids: tuple[tuple[Hashable, ...], ...] = ()

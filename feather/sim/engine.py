@@ -3,6 +3,11 @@
 Simulated time advances one engine step at a time by the cost model's step time (plus the
 scheduling time where scheduling is not overlapped). Two modes:
 
+Kernel order: in `vllm` mode sequences are laid out as vLLM's persistent `InputBatch` keeps
+them - a finished or preempted request leaves a hole, new requests fill the lowest holes
+first, then the batch is condensed by moving requests from the end into the remaining
+holes; in `sglang` mode, as its running batch keeps them (merge appends, filter keeps order).
+
 `vllm` (vLLM V1's `Scheduler.schedule`): each step first continues running requests in
 order (a decode token, or the next prefill chunk) under the token budget
 `max_num_batched_tokens`; if a running request cannot get blocks, the last running request
@@ -192,6 +197,9 @@ class Engine:
         self._waiting_tokens = 0
         self._arrivals = 0
         self._arrival_tokens = 0
+        self.slots: list[SimRequest | None] = []  # vLLM's persistent batch layout
+        self._slot_of: dict[str, int] = {}
+        self._left_batch: list[str] = []  # finished or preempted since the last layout
         self.clock = 0.0
         self.timer = SchedulingTimer()
         self.result = EngineResult(self.requests)
@@ -434,6 +442,38 @@ class Engine:
         with self.timer.measure():
             return call(*args)
 
+    def _layout(self, scheduled: dict[str, int]) -> list[str]:
+        """Kernel order of the scheduled requests (see the module docstring)."""
+        if self.config.mode == "sglang":
+            return [r.id for r in self.running if r.id in scheduled]
+        slots, slot_of = self.slots, self._slot_of
+        for rid in self._left_batch:
+            index = slot_of.pop(rid, None)
+            if index is not None:
+                slots[index] = None
+        self._left_batch.clear()
+        holes = [i for i, r in enumerate(slots) if r is None]
+        holes.reverse()  # pop() gives the lowest
+        for rid in scheduled:
+            if rid not in slot_of:
+                index = holes.pop() if holes else len(slots)
+                if index == len(slots):
+                    slots.append(None)
+                slots[index] = self.by_id[rid]
+                slot_of[rid] = index
+        holes.reverse()
+        for hole in holes:  # condense: the last request moves into the lowest hole
+            while slots and slots[-1] is None:
+                slots.pop()
+            if hole >= len(slots):
+                break
+            moved = slots.pop()
+            slots[hole] = moved
+            slot_of[moved.id] = hole
+        while slots and slots[-1] is None:
+            slots.pop()
+        return [r.id for r in slots if r is not None and r.id in scheduled]
+
     def _admit(self, req: SimRequest, cached_tokens: int) -> None:
         self.waiting.discard(req.id)
         self._waiting_tokens -= req.num_tokens
@@ -447,6 +487,7 @@ class Engine:
         self.pool.free(req.id)
         req.num_computed = 0
         req.block_ids = ()
+        self._left_batch.append(req.id)
         req.preemptions += 1
         self.waiting.add(req.id)
         self._waiting_tokens += req.num_tokens
@@ -482,7 +523,8 @@ class Engine:
                 f"{len(self.waiting)} request(s) wait and none will arrive: it would never finish"
             )
         seqs = []
-        for rid, n_new in scheduled.items():
+        for rid in self._layout(scheduled):
+            n_new = scheduled[rid]
             req = self.by_id[rid]
             total = req.num_computed + n_new
             used = -(-total // cfg.block_size)
@@ -490,7 +532,8 @@ class Engine:
                 req.block_ids = tuple(pool.blocks_of(rid)[:used])
                 pool.cache_full_blocks(rid, req.block_hashes(cfg.block_size), total)
             seqs.append(SeqStep(req.block_ids, req.num_computed, n_new, req.group))
-        batch = BatchStep(tuple(seqs), cfg.block_size)
+        idle = tuple(r.block_ids for r in self.running if r.id not in scheduled and r.block_ids)
+        batch = BatchStep(tuple(seqs), cfg.block_size, idle)
         cost = self.cost_fn(batch)
         start = self.clock
         self.clock += cost.time_s
@@ -511,6 +554,7 @@ class Engine:
             if req.num_output >= req.output_len:
                 req.finish_s = self.clock
                 self.running.remove(req)
+                self._left_batch.append(rid)
                 pool.free(rid)
                 with self.timer.measure():
                     self.policy.finished(rid)

@@ -1,0 +1,208 @@
+"""GPU facts (datasheets) and the modelling assumptions the step cost model adds to them.
+
+Data, not code, in the style of `feather.models`: a user adds a GPU with
+`register_hardware(HardwareProfile(...))`. Every field is either a datasheet fact (with the
+profile's `source`) or a named modelling assumption whose default and origin are stated next
+to it; nothing here is fitted to the paper's results.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from feather.models import ModelProfile
+
+_GIB_BYTES = 1 << 30
+_MIB_BYTES = 1 << 20
+
+# Achievable fractions of the datasheet peaks. Measured on an H200 with PyTorch (PAPER.md,
+# "Hardware"): ~4.3 of 4.8 TB/s for a device-to-device copy and ~790 of 989 TFLOP/s for a bf16
+# GEMM. No cited measurement was found for the other GPUs, so the same fractions are ASSUMED
+# for them.
+H200_BANDWIDTH_FRACTION = 4.3e12 / 4.8e12  # ~0.896, measured (PAPER.md)
+H200_FLOPS_FRACTION = 790e12 / 989e12  # ~0.799, measured (PAPER.md)
+
+# ASSUMPTION, not measured: the fixed time a decode step spends on top of its bytes or FLOPs.
+# vLLM replays a decode step from one CUDA graph; a Llama-style step is ~10 kernels per layer
+# (norm, QKV GEMM, rotary, cache write, attention, O GEMM, add+norm, gate/up GEMM, SiLU*mul,
+# down GEMM) x 32 layers + sampling, and we allow ~1 us per kernel boundary (ramp-down/up and
+# the gap between kernels inside a graph): ~0.3 ms. CPU-side scheduling is not in it (the
+# engine accounts for that).
+ASSUMED_LAUNCH_OVERHEAD_S = 3.0e-4
+
+# vLLM's default `gpu_memory_utilization` (fraction of device memory vLLM may use).
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+
+# ASSUMPTION, not measured: memory vLLM keeps outside the weights and the KV pool (the
+# profiled activation peak for max_num_batched_tokens, non-torch allocations such as the
+# cuBLAS/NCCL workspaces, and the CUDA-graph pool). vLLM's start-up log reports about 1-2 GiB
+# for 7-8B models; we take 2 GiB.
+ASSUMED_ACTIVATION_RESERVE_BYTES = 2 * _GIB_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """One GPU: datasheet facts first, then modelling assumptions (with defaults).
+
+    Datasheet capacities: memory "GB" is read as GiB (HBM/GDDR parts are binary-sized; the
+    device reports slightly less than the label, e.g. ~139.8 GiB on a 141 GB H200), L2 "MB" as
+    MiB (cudaDeviceProp.l2CacheSize), bandwidth and FLOP/s as decimal.
+    """
+
+    name: str
+    memory_bandwidth_bytes_per_s: float  # datasheet peak DRAM bandwidth
+    l2_bytes: int  # datasheet L2 capacity
+    sms: int  # streaming multiprocessors
+    bf16_dense_flops: float  # datasheet dense BF16 tensor FLOP/s (no sparsity)
+    memory_bytes: int  # datasheet device memory
+    source: str
+    # Whitepaper fact where stated, else an assumption: into how many partitions L2 is split.
+    # The A100 whitepaper says each L2 partition "localizes and caches data for memory accesses
+    # from SMs in the GPCs directly connected to the partition", so a KV block read by SMs on
+    # both sides is held twice. The L2 model therefore gives LRU capacity l2_bytes / l2_partitions
+    # (ASSUMPTION: the worst case, every shared line replicated).
+    l2_partitions: int = 1
+    # Derived, see `_FA2_*` below: decode-attention thread blocks resident per SM at once.
+    resident_attention_ctas_per_sm: int = 2
+    achievable_bandwidth_fraction: float = H200_BANDWIDTH_FRACTION
+    achievable_flops_fraction: float = H200_FLOPS_FRACTION
+    launch_overhead_s: float = ASSUMED_LAUNCH_OVERHEAD_S
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+
+    def achievable_bandwidth_bytes_per_s(self) -> float:
+        """DRAM bytes per second the cost model uses (datasheet x achievable fraction)."""
+        return self.memory_bandwidth_bytes_per_s * self.achievable_bandwidth_fraction
+
+    def achievable_flops(self) -> float:
+        """BF16 FLOP/s the cost model uses (datasheet dense peak x achievable fraction)."""
+        return self.bf16_dense_flops * self.achievable_flops_fraction
+
+    @property
+    def attention_window(self) -> int:
+        """Decode-attention thread blocks streaming at once (SMs x resident per SM)."""
+        return self.sms * self.resident_attention_ctas_per_sm
+
+    @property
+    def l2_model_bytes(self) -> int:
+        """LRU capacity the L2 model uses (see `l2_partitions`)."""
+        return self.l2_bytes // self.l2_partitions
+
+    def kv_pool_bytes(
+        self,
+        model: ModelProfile,
+        activation_reserve_bytes: int = ASSUMED_ACTIVATION_RESERVE_BYTES,
+    ) -> int:
+        """KV-cache pool as vLLM sizes it: memory x utilization - weights - reserve (>= 0)."""
+        budget = math.floor(self.memory_bytes * self.gpu_memory_utilization)
+        return max(0, budget - model.weight_bytes - activation_reserve_bytes)
+
+
+# Resident decode-attention thread blocks per SM, derived (not measured). vLLM's FA2 decode path
+# (paged KV) always runs flash_fwd_splitkv_kernel with Flash_fwd_kernel_traits<head_dim=128,
+# kBlockM=64, kBlockN=128, 4 warps> (vllm-project/flash-attention,
+# csrc/flash_attn/src/flash_fwd_launch_template.h, run_mha_fwd_splitkv_dispatch): shared memory
+# per thread block = Q 64x128x2 B + K,V 2x128x128x2 B = 80 KiB, 128 threads. With the maximum
+# shared memory per SM from the CUDA C Programming Guide (compute capability table: 8.0 ->
+# 164 KiB, 8.9 -> 100 KiB, 9.0 -> 228 KiB) and 1 KiB reserved per block, that is 2 blocks on
+# A100/H100/H200 and 1 on Ada (AD102). FA2's own split heuristic also assumes 2 per SM
+# ("multiProcessorCount * 2 ... 128 threads per block", flash_api.cpp).
+# On Hopper vLLM defaults to FlashAttention-3 (a persistent, differently scheduled kernel); the
+# H100/H200 values describe the FA2 kernel and are an ASSUMPTION for vLLM there.
+_FA2_CTA_SMEM_BYTES = (64 * 128 + 2 * 128 * 128) * 2  # 80 KiB
+_CTA_RESERVED_SMEM_BYTES = 1024  # CUDA reserves 1 KiB of shared memory per block (sm80+)
+
+
+def fa2_resident_ctas(max_smem_per_sm_bytes: int) -> int:
+    """FA2 decode thread blocks one SM can hold, limited by shared memory (and by 2 for regs)."""
+    per_block = _FA2_CTA_SMEM_BYTES + _CTA_RESERVED_SMEM_BYTES
+    return max(1, min(2, max_smem_per_sm_bytes // per_block))
+
+
+_SMEM_SM80_BYTES = 164 * 1024  # CUDA C Programming Guide, compute capability 8.0
+_SMEM_SM89_BYTES = 100 * 1024  # compute capability 8.9 (Ada)
+_SMEM_SM90_BYTES = 228 * 1024  # compute capability 9.0 (Hopper)
+
+_PAPER = "PAPER.md hardware table (datasheets); "
+
+_HARDWARE: dict[str, HardwareProfile] = {}
+
+
+def register_hardware(profile: HardwareProfile) -> None:
+    if profile.name in _HARDWARE:
+        raise ValueError(f"hardware {profile.name!r} is already registered")
+    _HARDWARE[profile.name] = profile
+
+
+for _profile in (
+    HardwareProfile(
+        "h200",
+        memory_bandwidth_bytes_per_s=4.8e12,
+        l2_bytes=50 * _MIB_BYTES,
+        sms=132,
+        bf16_dense_flops=989e12,
+        memory_bytes=141 * _GIB_BYTES,
+        source=_PAPER + "https://www.nvidia.com/en-us/data-center/h200/",
+        l2_partitions=2,  # ASSUMPTION: same partitioned L2 design as H100 (whitepaper)
+        resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM90_BYTES),
+    ),
+    HardwareProfile(
+        "h100-sxm",
+        memory_bandwidth_bytes_per_s=3.35e12,
+        l2_bytes=50 * _MIB_BYTES,
+        sms=132,
+        bf16_dense_flops=989e12,
+        memory_bytes=80 * _GIB_BYTES,
+        source=_PAPER + "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
+        l2_partitions=2,  # H100 whitepaper: partitioned L2, same wording as A100
+        resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM90_BYTES),
+    ),
+    HardwareProfile(
+        "a100-80gb",
+        memory_bandwidth_bytes_per_s=2.039e12,
+        l2_bytes=40 * _MIB_BYTES,
+        sms=108,
+        bf16_dense_flops=312e12,
+        memory_bytes=80 * _GIB_BYTES,
+        source=_PAPER
+        + "https://images.nvidia.com/aem-dam/en-zz/Solutions/data-center/"
+        + "nvidia-ampere-architecture-whitepaper.pdf",
+        l2_partitions=2,  # A100 whitepaper: "L2 cache is divided into two partitions"
+        resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM80_BYTES),
+    ),
+    HardwareProfile(
+        "rtx-6000-ada",
+        memory_bandwidth_bytes_per_s=0.96e12,
+        l2_bytes=96 * _MIB_BYTES,
+        sms=142,
+        bf16_dense_flops=364e12,
+        memory_bytes=48 * _GIB_BYTES,
+        source=_PAPER + "https://www.nvidia.com/en-us/design-visualization/rtx-6000/",
+        l2_partitions=1,  # ASSUMPTION: the Ada whitepaper documents no L2 partitioning
+        resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM89_BYTES),
+    ),
+    HardwareProfile(
+        "l40s",
+        memory_bandwidth_bytes_per_s=0.864e12,
+        l2_bytes=96 * _MIB_BYTES,  # unconfirmed (PAPER.md): AD102's full L2
+        sms=142,
+        bf16_dense_flops=362e12,
+        memory_bytes=48 * _GIB_BYTES,
+        source=_PAPER + "https://www.nvidia.com/en-us/data-center/l40s/ (L2 unconfirmed)",
+        l2_partitions=1,  # ASSUMPTION, as for the RTX 6000 Ada
+        resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM89_BYTES),
+    ),
+):
+    register_hardware(_profile)
+
+
+def hardware_names() -> list[str]:
+    return list(_HARDWARE)
+
+
+def get_hardware(name: str) -> HardwareProfile:
+    try:
+        return _HARDWARE[name]
+    except KeyError:
+        known = ", ".join(_HARDWARE)
+        raise ValueError(f"unknown hardware {name!r}; known hardware: {known}") from None

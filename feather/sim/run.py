@@ -1,0 +1,340 @@
+"""One simulation run: workload x scheduler x hardware x model -> trace, summary, provenance.
+
+Outputs in the run directory, each written atomically, `summary.json` last (a directory
+without it is an incomplete run):
+  trace.parquet     a row per engine step
+  requests.parquet  a row per request (arrival, admission, first token, finish, ...)
+  summary.json      throughput, latency, batch shape, KV traffic, scheduling time, the
+                    oracle, and provenance of both the simulating host and the simulated
+                    hardware
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from feather.atomic import atomic_target, write_json_atomic
+from feather.models import get_model
+from feather.policies import AdmissionPolicy, create_scheduler
+from feather.provenance import collect_provenance
+from feather.sim.batch import BatchStep
+from feather.sim.cost import step_cost
+from feather.sim.engine import Engine, EngineConfig, EngineResult
+from feather.sim.hardware import get_hardware
+from feather.sim.oracle import roofline
+from feather.sim.sched_cost import SchedulingCostModel
+from feather.workloads import Workload, load_workload
+
+KERNELS = ("paged", "cascade", "pat")
+
+
+@dataclass(frozen=True)
+class SimulationSpec:
+    """Everything a run depends on (its hash names the run in provenance)."""
+
+    workload: str
+    scheduler: str
+    hardware: str
+    model: str
+    kernel: str = "paged"
+    engine_mode: str = "vllm"
+    seed: int = 0
+    scheduler_params: dict[str, Any] = field(default_factory=dict)
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_blocks: int | None = None  # None: from the hardware's memory and the model
+    sched_time: str = "model"  # "model" (deterministic, calibrated) or "zero"
+    overlap_scheduling: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {self.kernel!r}; kernels: {', '.join(KERNELS)}")
+        if self.sched_time not in ("model", "zero"):
+            raise ValueError(f"sched_time must be 'model' or 'zero', got {self.sched_time!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SimulationResult:
+    spec: SimulationSpec
+    summary: dict[str, Any]
+    trace: pa.Table
+    requests: pa.Table
+    engine: EngineResult
+
+
+def _shared_depth_blocks(batch: BatchStep) -> int:
+    """Blocks common to every sequence of the step (binary search on the first one's)."""
+    seqs = batch.seqs
+    if not seqs:
+        return 0
+    first = seqs[0].block_ids
+    lo, hi = 0, min(len(s.block_ids) for s in seqs)
+    while lo < hi:  # largest d with block d-1 shared by all (cumulative: monotone in d)
+        mid = (lo + hi + 1) // 2
+        block = first[mid - 1]
+        if all(s.block_ids[mid - 1] == block for s in seqs):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def make_policy(spec: SimulationSpec, workload: Workload):
+    params = dict(spec.scheduler_params)
+    if spec.scheduler.startswith("feather") or "chunk_size" in params:
+        params.setdefault("chunk_size", spec.block_size)
+        if params["chunk_size"] != spec.block_size:
+            raise ValueError(
+                f"{spec.scheduler}: chunk_size {params['chunk_size']} must equal the engine's "
+                f"block size {spec.block_size} (the policy reuses the engine's block hashes)"
+            )
+    params.setdefault("seed", spec.seed)
+    policy = create_scheduler(spec.scheduler, **params)
+    if hasattr(policy, "bind_workload"):
+        policy.bind_workload(workload.requests)
+    return policy
+
+
+def simulate(
+    spec: SimulationSpec,
+    workload: Workload | None = None,
+    progress: Callable[[str], None] | None = None,
+    policy: AdmissionPolicy | None = None,
+) -> SimulationResult:
+    """Run one simulation. `workload` may be passed in to avoid reloading it; `policy` to
+    carry one live policy object (a learner's table) through consecutive runs."""
+    started = datetime.now(UTC).isoformat(timespec="milliseconds")
+    wall0 = time.perf_counter()
+    model = get_model(spec.model)
+    hardware = get_hardware(spec.hardware)
+    workload = workload if workload is not None else load_workload(spec.workload)
+    too_long = [
+        r.request_id
+        for r in workload.requests
+        if r.prompt_len + r.output_len > model.context_tokens
+    ]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} request(s) of {spec.workload!r} need more than {spec.model}'s "
+            f"context of {model.context_tokens} tokens (prompt + output), e.g. {too_long[0]!r}; "
+            f"build the workload for this model (feather workload build --model {spec.model})"
+        )
+    kv_bytes_per_block = spec.block_size * model.kv_bytes_per_token
+    num_blocks = spec.num_blocks or int(hardware.kv_pool_bytes(model) // kv_bytes_per_block)
+    if num_blocks < 1:
+        raise ValueError(f"{spec.model} leaves no memory for KV blocks on {spec.hardware}")
+    config = EngineConfig(
+        mode=spec.engine_mode,
+        num_blocks=num_blocks,
+        block_size=spec.block_size,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        overlap_scheduling=spec.overlap_scheduling,
+    )
+    sched_model = (
+        SchedulingCostModel.default() if spec.sched_time == "model" else SchedulingCostModel.zero()
+    )
+    if policy is None:
+        policy = make_policy(spec, workload)
+    elif hasattr(policy, "bind_workload"):
+        policy.bind_workload(workload.requests)
+    engine = Engine(
+        workload.requests,
+        policy,
+        config,
+        lambda batch: step_cost(
+            model, hardware, batch, spec.kernel, unscheduled_block_ids=batch.idle_block_ids
+        ),
+        sched_model,
+    )
+    total = len(workload.requests)
+    tick = None
+    if progress is not None:
+
+        def tick(steps: int, done: int, clock: float) -> None:
+            progress(f"step {steps:,}: {done:,}/{total:,} requests done, {clock:.2f} s simulated")
+
+    result = engine.run(tick)
+    trace = _trace_table(result)
+    requests = _requests_table(result)
+    oracle = roofline(workload.requests, model, hardware, spec.max_num_seqs)
+    summary = _summary(result, trace, oracle.roofline_output_tok_s)
+    summary["oracle"] = oracle.to_json()
+    summary["wall_s"] = time.perf_counter() - wall0
+    summary["sched_model_fallback_for"] = sorted(sched_model.uncalibrated)
+    summary["provenance"] = collect_provenance(
+        config=spec.to_json(),
+        seed=spec.seed,
+        started_utc=started,
+        extra={
+            "engine": {
+                "name": "sim",
+                "mode": spec.engine_mode,
+                "config": asdict(config),
+                "kernel": spec.kernel,
+            },
+            "simulated_hardware": asdict(hardware),
+            "model": asdict(model),
+            "policy": {
+                "name": policy.name,
+                "class": type(policy).__qualname__,
+                "params": policy.params(),
+            },
+            "sched_cost_model": sched_model.source,
+            "workload": {
+                "spec": spec.workload,
+                "sha256": workload.provenance.get("parquet_sha256"),
+                "statistics": workload.statistics,
+            },
+        },
+    )
+    return SimulationResult(spec, summary, trace, requests, result)
+
+
+def _trace_table(result: EngineResult) -> pa.Table:
+    rows: dict[str, list] = {name: [] for name in (
+        "step", "start_s", "step_time_s", "cost_time_s", "phase", "batch_size", "decode_seqs",
+        "prefill_tokens", "sampled_tokens", "shared_prefix_tokens", "distinct_groups",
+        "kv_read_bytes", "kv_read_bytes_logical", "kv_write_bytes", "weight_bytes", "flops",
+        "l2_hit_rate", "cascade_used", "bound", "admitted", "preempted", "finished",
+        "cache_hit_tokens", "candidates", "decisions_add", "decisions_stop", "stop_reason",
+        "waiting", "free_blocks", "sched_cpu_s", "sched_model_s",
+    )}  # fmt: skip
+    for s in result.steps:
+        cost = s.cost
+        values = {
+            "step": s.step, "start_s": s.start_s, "step_time_s": s.step_time_s,
+            "cost_time_s": cost.time_s, "phase": s.phase, "batch_size": len(s.batch.seqs),
+            "decode_seqs": s.decode_seqs, "prefill_tokens": s.prefill_tokens,
+            "sampled_tokens": s.sampled_tokens,
+            "shared_prefix_tokens": _shared_depth_blocks(s.batch) * s.batch.block_size,
+            "distinct_groups": len({q.group for q in s.batch.seqs}),
+            "kv_read_bytes": cost.kv_read_bytes,
+            "kv_read_bytes_logical": cost.kv_read_bytes_logical,
+            "kv_write_bytes": cost.kv_write_bytes, "weight_bytes": cost.weight_bytes,
+            "flops": cost.flops, "l2_hit_rate": cost.l2_hit_rate, "cascade_used": cost.cascade_used,
+            "bound": cost.bound, "admitted": s.admitted, "preempted": s.preempted,
+            "finished": s.finished, "cache_hit_tokens": s.cache_hit_tokens,
+            "candidates": s.candidates, "decisions_add": s.decisions_add,
+            "decisions_stop": s.decisions_stop, "stop_reason": s.stop_reason,
+            "waiting": s.work.waiting, "free_blocks": s.free_blocks,
+            "sched_cpu_s": s.sched_cpu_s, "sched_model_s": s.sched_model_s,
+        }  # fmt: skip
+        for key, value in values.items():
+            rows[key].append(value)
+    return pa.table(rows)
+
+
+def _requests_table(result: EngineResult) -> pa.Table:
+    rs = result.requests
+    return pa.table({
+        "request_id": [r.id for r in rs], "group_id": [r.group for r in rs],
+        "prompt_len": [r.prompt_len for r in rs], "output_len": [r.output_len for r in rs],
+        "arrival_s": [r.arrival_s for r in rs], "admitted_s": [r.admitted_s for r in rs],
+        "first_token_s": [r.first_token_s for r in rs], "finish_s": [r.finish_s for r in rs],
+        "preemptions": [r.preemptions for r in rs],
+    })  # fmt: skip
+
+
+def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict[str, Any]:
+    rs, steps = result.requests, result.steps
+    makespan = result.makespan_s
+    output_tokens = sum(r.output_len for r in rs)
+    prompt_tokens = sum(r.prompt_len for r in rs)
+    ttft = [r.first_token_s - r.arrival_s for r in rs]
+    tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) for r in rs if r.output_len > 1]
+    wait = [r.admitted_s - r.arrival_s for r in rs]
+    busy = sum(s.step_time_s for s in steps) or 1.0
+    decode_steps = [s for s in steps if s.decode_seqs]
+    kv_dram = sum(s.cost.kv_read_bytes for s in steps)
+    kv_logical = sum(s.cost.kv_read_bytes_logical for s in steps)
+    hits = sum(s.cache_hit_tokens for s in steps)
+    sched_model = sum(s.sched_model_s for s in steps)
+    sched_cpu = sum(s.sched_cpu_s for s in steps)
+    gpu_time = sum(s.cost.time_s for s in steps)
+    output_tok_s = output_tokens / makespan if makespan > 0 else 0.0
+    return {
+        "requests": len(rs),
+        "output_tokens": output_tokens,
+        "prompt_tokens": prompt_tokens,
+        "makespan_s": makespan,
+        "output_tok_s": output_tok_s,
+        "total_tok_s": (output_tokens + prompt_tokens) / makespan if makespan > 0 else 0.0,
+        "requests_s": len(rs) / makespan if makespan > 0 else 0.0,
+        "ttft_s": {
+            "p50": _percentile(ttft, 0.5),
+            "p90": _percentile(ttft, 0.9),
+            "p99": _percentile(ttft, 0.99),
+        },
+        "tpot_s": {
+            "p50": _percentile(tpot, 0.5),
+            "p90": _percentile(tpot, 0.9),
+            "p99": _percentile(tpot, 0.99),
+        },
+        "wait_s": {"mean": statistics.fmean(wait) if wait else 0.0, "max": max(wait, default=0.0)},
+        "longest_wait_s": max(wait, default=0.0),
+        "steps": len(steps),
+        "decode_steps": len(decode_steps),
+        "mean_batch_size": sum(len(s.batch.seqs) * s.step_time_s for s in steps) / busy,
+        "mean_decode_batch_size": statistics.fmean(s.decode_seqs for s in decode_steps)
+        if decode_steps
+        else 0.0,
+        "mean_shared_prefix_tokens": _time_weighted(trace, "shared_prefix_tokens", busy),
+        "mean_distinct_groups": _time_weighted(trace, "distinct_groups", busy),
+        "kv_read_bytes": kv_dram,
+        "kv_read_bytes_logical": kv_logical,
+        "l2_hit_rate": 1 - kv_dram / kv_logical if kv_logical else 0.0,
+        "cascade_steps": sum(1 for s in steps if s.cost.cascade_used),
+        "prefix_cache_hit_tokens": hits,
+        "prefix_cache_hit_rate": hits / prompt_tokens if prompt_tokens else 0.0,
+        "preemptions": sum(r.preemptions for r in rs),
+        "pool_evictions": result.pool_evictions,
+        "sched_model_s": sched_model,
+        "sched_cpu_s_measured": sched_cpu,
+        "sched_fraction_of_step_time": sched_model / busy,
+        "sched_cpu_fraction_of_gpu_time": sched_cpu / gpu_time if gpu_time else 0.0,
+        "fraction_of_oracle": output_tok_s / oracle_tok_s if oracle_tok_s else None,
+    }
+
+
+def _time_weighted(trace: pa.Table, column: str, busy: float) -> float:
+    values = trace.column(column).to_pylist()
+    times = trace.column("step_time_s").to_pylist()
+    return sum(v * t for v, t in zip(values, times, strict=True)) / busy
+
+
+def write_run(result: SimulationResult, out_dir: str | Path) -> Path:
+    """trace.parquet, requests.parquet, then summary.json - each atomically."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)  # the marker of a complete run goes last
+    for name, table in (("trace.parquet", result.trace), ("requests.parquet", result.requests)):
+        with atomic_target(out / name) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+    write_json_atomic(out / "summary.json", result.summary)
+    return out
+
+
+def stderr_progress(message: str) -> None:
+    print(f"[simulate] {message}", file=sys.stderr, flush=True)
