@@ -70,6 +70,14 @@ def _cmd_bench_cht(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_sim(args: argparse.Namespace) -> int:
+    from feather.bench import sim
+
+    rows = sim.run(args.per_group, None if args.quiet else lambda m: print(m, file=sys.stderr))
+    print(json.dumps(rows, indent=2) if args.json else sim.format_table(rows))
+    return 0
+
+
 def _cmd_schedulers(args: argparse.Namespace) -> int:
     from feather.policies import resolve_scheduler, scheduler_names
 
@@ -206,6 +214,41 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from feather.sim.run import SimulationSpec, stderr_progress
+    from feather.sim.training import evaluate, train
+
+    base = SimulationSpec(
+        workload=args.train_workload[0],
+        scheduler=args.learner,
+        hardware=args.hardware,
+        model=args.model,
+        kernel=args.kernel,
+        engine_mode=args.engine_mode,
+    )
+    seeds = [int(s) for s in args.train_seeds.split(",")]
+    trained = train(
+        args.learner,
+        base,
+        args.train_workload,
+        seeds,
+        args.out,
+        params=_parse_params(args.param),
+        progress=None if args.quiet else stderr_progress,
+    )
+    report = {"training": trained}
+    if args.eval_workload:
+        report["evaluation"] = evaluate(
+            args.out,
+            args.learner,
+            base,
+            args.eval_workload,
+            [int(s) for s in args.eval_seeds.split(",")],
+        )
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="feather", description="Feather: prefix-aware batch formation, reproducibly measured."
@@ -243,6 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
     cht.add_argument("--json", action="store_true", help="print one JSON object")
     cht.add_argument("--quiet", action="store_true", help="no progress on stderr")
     cht.set_defaults(func=_cmd_bench_cht)
+    bsim = benches.add_parser("sim", help="the simulator's cost vs simulated steps x batch")
+    bsim.add_argument(
+        "--per-group",
+        type=_positive_sizes,
+        default=[25, 50, 100, 200],
+        help="requests per group (8 groups), comma-separated",
+    )
+    bsim.add_argument("--json", action="store_true")
+    bsim.add_argument("--quiet", action="store_true")
+    bsim.set_defaults(func=_cmd_bench_sim)
 
     workload = commands.add_parser("workload", help="build and inspect workloads")
     workloads = workload.add_subparsers(dest="workload", required=True)
@@ -352,12 +405,38 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sim.set_defaults(func=_cmd_simulate)
+
+    tr = commands.add_parser(
+        "train", help="train a learned Feather policy on the simulator, then evaluate it frozen"
+    )
+    tr.add_argument("--learner", choices=["feather-ucb", "feather-qlearn"], required=True)
+    tr.add_argument(
+        "--train-workload",
+        action="append",
+        required=True,
+        help="training workload (.parquet or synthetic:...), repeatable",
+    )
+    tr.add_argument("--train-seeds", default="0,1,2")
+    tr.add_argument(
+        "--eval-workload",
+        action="append",
+        help="held-out workload for the frozen-policy evaluation, repeatable",
+    )
+    tr.add_argument("--eval-seeds", default="100,101")
+    tr.add_argument("--param", action="append", metavar="KEY=VALUE", help="learner parameter")
+    tr.add_argument("--hardware", required=True)
+    tr.add_argument("--model", required=True)
+    tr.add_argument("--kernel", choices=["paged", "cascade", "pat"], default="paged")
+    tr.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
+    tr.add_argument("--out", required=True, help="the trained policy's JSON file")
+    tr.add_argument("--quiet", action="store_true")
+    tr.set_defaults(func=_cmd_train)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "simulate":
+    if args.command in ("simulate", "train"):
         from feather.policies import UnknownSchedulerError
         from feather.workloads.schema import WorkloadError
 
