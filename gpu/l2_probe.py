@@ -69,6 +69,7 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -78,7 +79,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,16 @@ CONFIG_NAMES = (
     "unshared_800",
 )
 NCU_CONFIGS = ("homog_100", "mixed_800", "mixed_800_grouped", "unshared_100")
+SWEEP_NAME = re.compile(r"sweep_g(\d+)_p(\d+)_b(\d+)")
+
+
+def config_name(text: str) -> str:
+    """argparse type: a named configuration or a sweep_g<G>_p<P>_b<B> pattern."""
+    if text in CONFIG_NAMES or SWEEP_NAME.fullmatch(text):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown config {text!r}")
+
+
 NCU_METRICS_REQUIRED = (
     "lts__t_sector_hit_rate.pct",
     "dram__bytes_read.sum",
@@ -315,8 +326,19 @@ def build_config(name: str, shapes: ProbeShapes = FULL_SHAPES, seed: int = SEED)
     elif name == "unshared_800":
         add_unshared(small * n_groups)
         text = f"{small * n_groups} sequences of {shapes.unshared_tokens} own tokens"
+    elif (sweep := SWEEP_NAME.fullmatch(name)) is not None:
+        # sweep_g{G}_p{P}_b{B}: B sequences in G groups sharing P-token prefixes, shuffled
+        n_groups, prefix, batch = (int(x) for x in sweep.groups())
+        shapes = replace(shapes, prefix_tokens=prefix)
+        member_len = prefix + shapes.own_tokens
+        add_groups(split_evenly(batch, n_groups))
+        rng.shuffle(rows)
+        text = f"{batch} sequences in {n_groups} groups sharing {prefix}-token prefixes, shuffled"
     else:
-        raise ValueError(f"unknown config {name!r}; known: {', '.join(CONFIG_NAMES)}")
+        raise ValueError(
+            f"unknown config {name!r}; known: {', '.join(CONFIG_NAMES)}, "
+            "or sweep_g<groups>_p<prefix tokens>_b<sequences>"
+        )
     return ProbeConfig(
         name=name,
         block_tables=[r[0] for r in rows],
@@ -1266,12 +1288,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="output folder (default: $OUT, else ./gpu_out)")
     p.add_argument("--config", help="with --ncu-mode: the one config to launch")
     p.add_argument("--ncu-mode", action="store_true", help="child run under ncu (internal)")
-    p.add_argument("--configs", nargs="*", choices=CONFIG_NAMES, help="subset of configs to time")
+    p.add_argument("--configs", nargs="*", type=config_name, help="configs to time")
     p.add_argument("--ncu", help="path of the ncu binary (default: ncu on PATH)")
     p.add_argument(
         "--ncu-configs",
         nargs="*",
-        choices=CONFIG_NAMES,
+        type=config_name,
         default=list(NCU_CONFIGS),
         help="configs to profile under ncu (default: %(default)s)",
     )

@@ -9,7 +9,8 @@
 
 First principles (PAPER.md, "Decode-step bytes"): bf16 KV of k = 2 x kv_heads x head_dim x 2
 bytes per token per layer; all weights but the input embedding table are read once per step;
-time = max(bytes / achievable bandwidth, FLOPs / achievable peak) + launch overhead. Every
+time = per kernel class, max(bytes / achievable bandwidth, FLOPs / achievable peak) - and for
+attention also its requested KV bytes / L2 read bandwidth - summed, plus launch overhead. Every
 constant below names its unit and its source, or says it is an assumption.
 """
 
@@ -456,9 +457,26 @@ def step_cost(
     gemm = 2 * non_embedding_params(model) * n_new + 2 * model.hidden * model.vocab_size * len(seqs)
     attn = sum(attention_flops(model, s.context_tokens, s.new_tokens) for s in seqs)
 
-    total_bytes = weights + kv.dram + kv_write + kv.merge + activations
-    memory_time = total_bytes / hw.achievable_bandwidth_bytes_per_s()
-    compute_time = (gemm + attn) / hw.achievable_flops()
+    # Kernels run one after another, so each class of work is bounded on its own: the dense
+    # kernels by weights/activations vs GEMM FLOPs; attention by its DRAM bytes, by every KV
+    # byte it requests passing through L2 (measured: with high reuse it is L2-bound), and by
+    # its FLOPs.
+    dram_bw = hw.achievable_bandwidth_bytes_per_s()
+    peak = hw.achievable_flops()
+    dense_memory = (weights + kv_write + activations) / dram_bw
+    dense_compute = gemm / peak
+    attention_dram = (kv.dram + kv.merge) / dram_bw
+    attention_l2 = kv.logical / hw.l2_bandwidth_bytes_per_s()
+    attention_compute = attn / peak
+    dense_time = max(dense_memory, dense_compute)
+    attention_time = max(attention_dram, attention_l2, attention_compute)
+    memory_time = dense_memory + max(attention_dram, attention_l2)
+    compute_time = dense_compute + attention_compute
+    limits = {
+        "memory": dense_memory + attention_dram,
+        "compute": dense_compute + attention_compute,
+        "l2": dense_memory + attention_l2,
+    }
     return StepCost(
         kernel=kernel,
         weight_bytes=weights,
@@ -477,6 +495,6 @@ def step_cost(
         memory_time_s=memory_time,
         compute_time_s=compute_time,
         overhead_s=hw.launch_overhead_s,
-        time_s=max(memory_time, compute_time) + hw.launch_overhead_s,
-        bound="memory" if memory_time >= compute_time else "compute",
+        time_s=dense_time + attention_time + hw.launch_overhead_s,
+        bound=max(limits, key=limits.get),
     )

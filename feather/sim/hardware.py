@@ -31,6 +31,16 @@ H200_FLOPS_FRACTION = 790e12 / 989e12  # ~0.799, measured (PAPER.md)
 # engine accounts for that).
 ASSUMED_LAUNCH_OVERHEAD_S = 3.0e-4
 
+# MEASURED on our H200 (feather/sim/data/calibration/h200-l2-probe-sweep.json, gpu/l2_probe.py):
+# a paged decode-attention kernel whose KV is almost all L2-resident (800 sequences, 1-8
+# groups of 4K-16K-token prefixes, 90-96% L2 hits) reads it at 7.37-7.55 TB/s, 1.79x the
+# device's read-only DRAM rate (4.21 TB/s): with high reuse the kernel is L2-bound, not
+# DRAM-bound. 7.55 TB/s over 132 SMs x 1.98 GHz is 28.9 bytes per SM per clock; other GPUs
+# ASSUME the same L2 read width per SM-clock (scaled by their SMs and boost clock).
+H200_L2_READ_BYTES_PER_S = 7.55e12
+H200_BOOST_CLOCK_HZ = 1.98e9
+L2_READ_BYTES_PER_SM_CLOCK = H200_L2_READ_BYTES_PER_S / (132 * H200_BOOST_CLOCK_HZ)
+
 # vLLM's default `gpu_memory_utilization` (fraction of device memory vLLM may use).
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 
@@ -69,6 +79,8 @@ class HardwareProfile:
     achievable_flops_fraction: float = H200_FLOPS_FRACTION
     launch_overhead_s: float = ASSUMED_LAUNCH_OVERHEAD_S
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+    boost_clock_hz: float = H200_BOOST_CLOCK_HZ  # datasheet boost clock
+    l2_read_bytes_per_sm_clock: float = L2_READ_BYTES_PER_SM_CLOCK  # see the constant above
 
     def achievable_bandwidth_bytes_per_s(self) -> float:
         """DRAM bytes per second the cost model uses (datasheet x achievable fraction)."""
@@ -77,6 +89,10 @@ class HardwareProfile:
     def achievable_flops(self) -> float:
         """BF16 FLOP/s the cost model uses (datasheet dense peak x achievable fraction)."""
         return self.bf16_dense_flops * self.achievable_flops_fraction
+
+    def l2_bandwidth_bytes_per_s(self) -> float:
+        """How fast a kernel can read L2-resident data (SMs x clock x bytes per SM-clock)."""
+        return self.sms * self.boost_clock_hz * self.l2_read_bytes_per_sm_clock
 
     @property
     def attention_window(self) -> int:
@@ -138,11 +154,15 @@ for _profile in (
     HardwareProfile(
         "h200",
         memory_bandwidth_bytes_per_s=4.8e12,
-        l2_bytes=50 * _MIB_BYTES,
+        # MEASURED: the device reports 60 MiB (cudaDevAttrL2CacheSize, torch 2.11 on driver
+        # 580; feather/sim/data/calibration/h200-l2-probe-sweep.json); PAPER.md says 50 MB
+        l2_bytes=60 * _MIB_BYTES,
         sms=132,
         bf16_dense_flops=989e12,
         memory_bytes=141 * _GIB_BYTES,
-        source=_PAPER + "https://www.nvidia.com/en-us/data-center/h200/",
+        source=_PAPER + "https://www.nvidia.com/en-us/data-center/h200/; L2 size and L2 read "
+        "bandwidth measured (feather/sim/data/calibration/)",
+        boost_clock_hz=1.98e9,
         l2_partitions=2,  # ASSUMPTION: same partitioned L2 design as H100 (whitepaper)
         resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM90_BYTES),
     ),
@@ -154,6 +174,7 @@ for _profile in (
         bf16_dense_flops=989e12,
         memory_bytes=80 * _GIB_BYTES,
         source=_PAPER + "https://resources.nvidia.com/en-us-tensor-core/gtc22-whitepaper-hopper",
+        boost_clock_hz=1.98e9,
         l2_partitions=2,  # H100 whitepaper: partitioned L2, same wording as A100
         resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM90_BYTES),
     ),
@@ -168,6 +189,7 @@ for _profile in (
         + "https://images.nvidia.com/aem-dam/en-zz/Solutions/data-center/"
         + "nvidia-ampere-architecture-whitepaper.pdf",
         l2_partitions=2,  # A100 whitepaper: "L2 cache is divided into two partitions"
+        boost_clock_hz=1.41e9,
         resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM80_BYTES),
     ),
     HardwareProfile(
@@ -178,6 +200,7 @@ for _profile in (
         bf16_dense_flops=364e12,
         memory_bytes=48 * _GIB_BYTES,
         source=_PAPER + "https://www.nvidia.com/en-us/design-visualization/rtx-6000/",
+        boost_clock_hz=2.505e9,
         l2_partitions=1,  # ASSUMPTION: the Ada whitepaper documents no L2 partitioning
         resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM89_BYTES),
     ),
@@ -189,6 +212,7 @@ for _profile in (
         bf16_dense_flops=362e12,
         memory_bytes=48 * _GIB_BYTES,
         source=_PAPER + "https://www.nvidia.com/en-us/data-center/l40s/ (L2 unconfirmed)",
+        boost_clock_hz=2.52e9,
         l2_partitions=1,  # ASSUMPTION, as for the RTX 6000 Ada
         resident_attention_ctas_per_sm=fa2_resident_ctas(_SMEM_SM89_BYTES),
     ),
