@@ -13,6 +13,7 @@ from feather.sim.cost import (
     activation_bytes_per_token_layer,
     attention_flops,
     cascade_prefix_tokens,
+    dense_gemm_time_s,
     fa2_num_splits,
     non_embedding_params,
     step_cost,
@@ -181,7 +182,7 @@ def test_prefill_chunk_flops_by_hand():
     assert cost.gemm_flops == 2 * params * 50 + 2 * 8 * 10 * 1  # LM head for 1 sequence
 
 
-def test_time_sums_dense_and_attention_kernels_each_at_its_own_bound():
+def test_time_sums_gemms_activations_and_attention_each_at_its_own_bound():
     cost = step_cost(TOY, A100, toy_batch(), "paged", l2="off")
     total = (
         cost.weight_bytes + cost.kv_read_bytes + cost.kv_write_bytes
@@ -193,17 +194,45 @@ def test_time_sums_dense_and_attention_kernels_each_at_its_own_bound():
         A100.achievable_flops(),
         A100.l2_bandwidth_bytes_per_s(),
     )
-    dense = max(
-        (cost.weight_bytes + cost.kv_write_bytes + cost.activation_bytes) / bw,
-        cost.gemm_flops / peak,
-    )
+    tokens = sum(s.new_tokens for s in toy_batch().seqs)
+    gemms = dense_gemm_time_s(TOY, A100, tokens, len(toy_batch().seqs))
+    assert gemms >= 5 * A100.gemm_fixed_s  # 4 per layer (1 layer) + the LM head
     attention = max(
         (cost.kv_read_bytes + cost.merge_bytes) / bw,
         cost.kv_read_bytes_logical / l2,
         cost.attention_flops / peak,
     )
-    assert cost.time_s == pytest.approx(dense + attention + A100.launch_overhead_s)
-    assert cost.bound == "memory"
+    activations = (cost.kv_write_bytes + cost.activation_bytes) / bw
+    assert cost.time_s == pytest.approx(gemms + activations + attention + A100.launch_overhead_s)
+    assert cost.bound == "gemm"  # a toy model's GEMMs are all fixed latency
+
+
+def test_gemm_model_against_the_h200_measurements():
+    """Every layer GEMM and the LM head, 1-8,192 tokens: within 20% of the measured times,
+    and the dense part of a whole decode step within 15%."""
+    import json
+    from pathlib import Path
+
+    data = json.loads(
+        (
+            Path(__file__).resolve().parents[1]
+            / "feather"
+            / "sim"
+            / "data"
+            / "calibration"
+            / "h200-dense-probe.json"
+        ).read_text()
+    )
+    h200 = get_hardware("h200")
+    for rows in data["gemms"].values():
+        for r in rows:
+            assert h200.gemm_time_s(r["weight_bytes"], r["flops"]) == pytest.approx(
+                r["median_s"], rel=0.2
+            ), r
+    llama = get_model("llama-3.1-8b")
+    for tokens, row in data["per_step"].items():
+        predicted = dense_gemm_time_s(llama, h200, int(tokens), int(tokens))
+        assert predicted == pytest.approx(row["step_dense_s"], rel=0.15), tokens
 
 
 def test_high_reuse_attention_is_bound_by_l2_bandwidth():

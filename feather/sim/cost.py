@@ -9,8 +9,9 @@
 
 First principles (PAPER.md, "Decode-step bytes"): bf16 KV of k = 2 x kv_heads x head_dim x 2
 bytes per token per layer; all weights but the input embedding table are read once per step;
-time = per kernel class, max(bytes / achievable bandwidth, FLOPs / achievable peak) - and for
-attention also its requested KV bytes / L2 read bandwidth - summed, plus launch overhead. Every
+time = the GEMM kernels (each: fixed latency + max(weight bytes / rate, FLOPs / rate), measured
+on an H200) + activation traffic + attention at max(DRAM bytes / DRAM rate, requested KV bytes
+/ L2 rate, FLOPs / peak) + launch overhead. Every
 constant below names its unit and its source, or says it is an assumption.
 """
 
@@ -84,11 +85,11 @@ class StepCost:
     l2_hits: int
     cascade_used: bool
     cascade_prefix_tokens: int  # common prefix cascade read once (0 when not used)
-    memory_time_s: float
-    compute_time_s: float
+    memory_time_s: float  # activation traffic + attention's memory bound
+    compute_time_s: float  # GEMM kernels + attention FLOPs
     overhead_s: float
     time_s: float
-    bound: str  # "memory" or "compute": which term of the max dominated
+    bound: str  # the longest part: gemm, activations, kv_dram, kv_l2 or attention_flops
 
     @property
     def other_bytes(self) -> int:
@@ -125,6 +126,32 @@ def weight_bytes_read(model: ModelProfile) -> int:
         if model.tie_word_embeddings
         else model.weight_bytes - (model.embedding_bytes)
     )
+
+
+def gemm_shapes(model: ModelProfile) -> tuple[tuple[int, int], ...]:
+    """(in, out) features of one layer's linear layers, Llama-style: QKV, O, gate+up, down."""
+    _require_shapes(model)
+    q = model.q_heads * model.head_dim
+    kv = model.kv_heads * model.head_dim
+    return (
+        (model.hidden, q + 2 * kv),
+        (q, model.hidden),
+        (model.hidden, 2 * model.intermediate_size),
+        (model.intermediate_size, model.hidden),
+    )
+
+
+def dense_gemm_time_s(model: ModelProfile, hw: HardwareProfile, tokens: int, sampled: int) -> float:
+    """All GEMM kernels of a step: every layer's four over `tokens` rows, then the LM head
+    over the `sampled` sequences (each kernel priced by `HardwareProfile.gemm_time_s`)."""
+    layer = sum(
+        hw.gemm_time_s(n_in * n_out * _BF16_BYTES, 2 * tokens * n_in * n_out)
+        for n_in, n_out in gemm_shapes(model)
+    )
+    lm_head = hw.gemm_time_s(
+        model.hidden * model.vocab_size * _BF16_BYTES, 2 * sampled * model.hidden * model.vocab_size
+    )
+    return model.layers * layer + lm_head
 
 
 def non_embedding_params(model: ModelProfile) -> int:
@@ -463,19 +490,21 @@ def step_cost(
     # its FLOPs.
     dram_bw = hw.achievable_bandwidth_bytes_per_s()
     peak = hw.achievable_flops()
-    dense_memory = (weights + kv_write + activations) / dram_bw
-    dense_compute = gemm / peak
+    dense_memory = (kv_write + activations) / dram_bw  # the GEMMs' weights are priced below
+    dense_compute = dense_gemm_time_s(model, hw, n_new, len(seqs))
     attention_dram = (kv.dram + kv.merge) / dram_bw
     attention_l2 = kv.logical / hw.l2_bandwidth_bytes_per_s()
     attention_compute = attn / peak
-    dense_time = max(dense_memory, dense_compute)
+    dense_time = dense_memory + dense_compute
     attention_time = max(attention_dram, attention_l2, attention_compute)
     memory_time = dense_memory + max(attention_dram, attention_l2)
     compute_time = dense_compute + attention_compute
-    limits = {
-        "memory": dense_memory + attention_dram,
-        "compute": dense_compute + attention_compute,
-        "l2": dense_memory + attention_l2,
+    limits = {  # which part of the step took longest
+        "gemm": dense_compute,
+        "activations": dense_memory,
+        "kv_dram": attention_dram,
+        "kv_l2": attention_l2,
+        "attention_flops": attention_compute,
     }
     return StepCost(
         kernel=kernel,

@@ -23,6 +23,16 @@ _MIB_BYTES = 1 << 20
 H200_BANDWIDTH_FRACTION = 4.3e12 / 4.8e12  # ~0.896, measured (PAPER.md)
 H200_FLOPS_FRACTION = 790e12 / 989e12  # ~0.799, measured (PAPER.md)
 
+# MEASURED on our H200 (feather/sim/data/calibration/h200-dense-probe.json, gpu/dense_probe.py):
+# Llama-3.1-8B's GEMMs (QKV, O, gate+up, down, LM head) at 1-8,192 tokens fit
+#   time = 23.5 us + max(weight bytes / 4.12 TB/s, FLOPs / 770 TFLOP/s)
+# with a mean error of 4.6% (worst -17% / +9%). The fixed part is each kernel's latency and
+# last-wave tail; it makes a small-batch decode step ~1.9x slower than its bytes alone say.
+# Other GPUs ASSUME the same fixed time and the same fractions of their datasheet peaks.
+GEMM_FIXED_S = 23.5e-6
+GEMM_BANDWIDTH_FRACTION = 4.12e12 / 4.8e12  # ~0.858
+GEMM_FLOPS_FRACTION = 770e12 / 989e12  # ~0.779
+
 # ASSUMPTION, not measured: the fixed time a decode step spends on top of its bytes or FLOPs.
 # vLLM replays a decode step from one CUDA graph; a Llama-style step is ~10 kernels per layer
 # (norm, QKV GEMM, rotary, cache write, attention, O GEMM, add+norm, gate/up GEMM, SiLU*mul,
@@ -79,6 +89,9 @@ class HardwareProfile:
     achievable_flops_fraction: float = H200_FLOPS_FRACTION
     launch_overhead_s: float = ASSUMED_LAUNCH_OVERHEAD_S
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+    gemm_fixed_s: float = GEMM_FIXED_S
+    gemm_bandwidth_fraction: float = GEMM_BANDWIDTH_FRACTION
+    gemm_flops_fraction: float = GEMM_FLOPS_FRACTION
     boost_clock_hz: float = H200_BOOST_CLOCK_HZ  # datasheet boost clock
     l2_read_bytes_per_sm_clock: float = L2_READ_BYTES_PER_SM_CLOCK  # see the constant above
 
@@ -89,6 +102,13 @@ class HardwareProfile:
     def achievable_flops(self) -> float:
         """BF16 FLOP/s the cost model uses (datasheet dense peak x achievable fraction)."""
         return self.bf16_dense_flops * self.achievable_flops_fraction
+
+    def gemm_time_s(self, weight_bytes: float, flops: float) -> float:
+        """One GEMM kernel: fixed latency + max(weight streaming, tensor-core work)."""
+        return self.gemm_fixed_s + max(
+            weight_bytes / (self.memory_bandwidth_bytes_per_s * self.gemm_bandwidth_fraction),
+            flops / (self.bf16_dense_flops * self.gemm_flops_fraction),
+        )
 
     def l2_bandwidth_bytes_per_s(self) -> float:
         """How fast a kernel can read L2-resident data (SMs x clock x bytes per SM-clock)."""
