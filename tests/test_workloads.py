@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from longbench_fixture import records, write_data_zip
 from toy_engine import lcp
 
 from feather.cli import main
 from feather.workloads import BuildOptions, WorkloadError, build, load_workload, write_workload
+from feather.workloads.longbench_synthetic import records, write_data_zip
 from feather.workloads.schema import read_workload, sidecar_path
 from feather.workloads.sources.base import DataUnavailableError, UnknownTaskError
 from feather.workloads.sources.leval import SYSTEM_EXAM
