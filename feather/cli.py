@@ -179,9 +179,48 @@ def _parse_params(items: list[str] | None) -> dict:
     return params
 
 
+def _typed(cls: type, fields: dict) -> dict:
+    """Profile fields converted to the dataclass's declared types (YAML reads `3.0e12` as
+    text); a value that does not convert is a clear error naming the field."""
+    import dataclasses
+
+    casts = {"int": int, "float": float, "str": str, "bool": bool}
+    known = {f.name: f.type for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ValueError(f"{cls.__name__} {fields.get('name')!r}: unknown fields {unknown}")
+    out = {}
+    for key, value in fields.items():
+        cast = casts.get(str(known[key]))
+        try:
+            out[key] = cast(float(value)) if cast is int else cast(value) if cast else value
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{cls.__name__} {fields.get('name')!r}: field {key} = {value!r} is not "
+                f"{known[key]}"
+            ) from exc
+    return out
+
+
+def register_profiles(hardware: list[str] | None, models: list[str] | None) -> None:
+    """User profiles given as JSON objects (fields of HardwareProfile / ModelProfile)."""
+    from feather.models import ModelProfile, model_names, register_model
+    from feather.sim.hardware import HardwareProfile, hardware_names, register_hardware
+
+    for text in hardware or []:
+        fields = json.loads(text)
+        if fields.get("name") not in hardware_names():
+            register_hardware(HardwareProfile(**_typed(HardwareProfile, fields)))
+    for text in models or []:
+        fields = json.loads(text)
+        if fields.get("name") not in model_names():
+            register_model(ModelProfile(**_typed(ModelProfile, fields)))
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from feather.sim.run import SimulationSpec, simulate, stderr_progress, write_run
 
+    register_profiles(args.hardware_profile, args.model_profile)
     spec = SimulationSpec(
         workload=args.workload,
         scheduler=args.scheduler,
@@ -236,7 +275,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         params=_parse_params(args.param),
         progress=None if args.quiet else stderr_progress,
     )
-    report = {"training": trained}
+    report = {"hardware": args.hardware, "model": args.model, "training": trained}
     if args.eval_workload:
         report["evaluation"] = evaluate(
             args.out,
@@ -400,6 +439,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--overlap-scheduling",
         action="store_true",
         help="scheduling overlaps the GPU step (async scheduling)",
+    )
+    sim.add_argument(
+        "--hardware-profile",
+        action="append",
+        metavar="JSON",
+        help="register a hardware profile (HardwareProfile fields as JSON)",
+    )
+    sim.add_argument(
+        "--model-profile",
+        action="append",
+        metavar="JSON",
+        help="register a model profile (ModelProfile fields as JSON)",
     )
     sim.add_argument("--out", required=True, help="run directory")
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
