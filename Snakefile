@@ -1,0 +1,40 @@
+# Feather: regenerate the paper's results and figures.  snakemake --cores all
+# What runs is config.yaml (validated against workflow/schemas/config.schema.yaml); what
+# each figure sweeps is experiments/<name>.yaml; the logic lives in the feather package.
+import time
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+WORKFLOW_START = time.time()
+
+
+configfile: "config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/workloads.smk"
+include: "workflow/rules/simulate.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/figures.smk"
+
+
+# Your own rules (e.g. a patched engine run by an external command): config extra_rules.
+for _extra in config.get("extra_rules", []):
+
+    include: _extra
+
+
+
+rule all:
+    default_target: True
+    input:
+        all_targets(),
+
+
+onsuccess:
+    report_time_budget(WORKFLOW_START)

@@ -1,0 +1,1 @@
+"""What the Snakemake pipeline needs from Python: experiments, aggregation, figures."""

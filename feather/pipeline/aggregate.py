@@ -1,0 +1,122 @@
+"""One table of every run: a row per run directory, metrics and provenance side by side.
+
+A run directory, ours or one a user's own rule wrote, is valid when its `summary.json` holds
+the metrics below and a provenance record naming the config, seed and hardware; anything
+else is rejected with the file and the missing fields named, before any table is written.
+Hardware comes from provenance (the simulated profile for simulator runs, the real device
+otherwise), never from the directory name.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from feather.atomic import atomic_target
+
+REQUIRED_METRICS = ("requests", "output_tok_s", "makespan_s", "ttft_s", "tpot_s")
+REQUIRED_PROVENANCE = ("config", "config_hash", "seed", "git", "packages", "host")
+
+
+class InvalidRunError(ValueError):
+    """A run directory whose summary cannot be trusted or used."""
+
+
+def _hardware_of(provenance: dict[str, Any]) -> tuple[str, str]:
+    """(hardware name, what produced the number) from a run's provenance."""
+    if "simulated_hardware" in provenance:
+        name = provenance["simulated_hardware"]["name"]
+        return name, f"simulator ({name} profile)"
+    device = (provenance.get("gpu") or {}).get("name") or provenance.get("device")
+    engine = (provenance.get("engine") or {}).get("name", "engine")
+    if device:
+        return str(device), f"{engine} on {device}"
+    return provenance["host"].get("cpu_model") or "cpu", f"{engine} on CPU"
+
+
+def summary_row(path: Path) -> dict[str, Any]:
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidRunError(f"{path}: unreadable summary ({exc})") from exc
+    missing = [k for k in REQUIRED_METRICS if k not in summary]
+    provenance = summary.get("provenance")
+    if not isinstance(provenance, dict):
+        missing.append("provenance")
+    else:
+        missing += [f"provenance.{k}" for k in REQUIRED_PROVENANCE if k not in provenance]
+    if missing:
+        raise InvalidRunError(f"{path}: invalid run summary, missing {', '.join(missing)}")
+    parts = path.parent.parts
+    if len(parts) < 5 or parts[-5] != "results":
+        raise InvalidRunError(f"{path}: not in results/<hardware>/<engine>/<experiment>/<run>/")
+    config = provenance["config"] or {}
+    hardware, producer = _hardware_of(provenance)
+    policy = provenance.get("policy") or {}
+    return {
+        "hardware": hardware,
+        "engine": parts[-3],
+        "experiment": parts[-2],
+        "run": parts[-1],
+        "produced_by": producer,
+        "scheduler": config.get("scheduler_label") or policy.get("name") or config.get("scheduler"),
+        "scheduler_class": config.get("scheduler"),
+        "params": json.dumps(config.get("scheduler_params", {}), sort_keys=True),
+        "workload": config.get("workload"),
+        "model": config.get("model"),
+        "kernel": config.get("kernel"),
+        "engine_mode": config.get("engine_mode"),
+        "seed": provenance["seed"],
+        "requests": summary["requests"],
+        "output_tok_s": summary["output_tok_s"],
+        "total_tok_s": summary.get("total_tok_s"),
+        "makespan_s": summary["makespan_s"],
+        "ttft_p50_s": summary["ttft_s"].get("p50"),
+        "ttft_p99_s": summary["ttft_s"].get("p99"),
+        "tpot_p50_s": summary["tpot_s"].get("p50"),
+        "tpot_p99_s": summary["tpot_s"].get("p99"),
+        "longest_wait_s": summary.get("longest_wait_s"),
+        "mean_batch_size": summary.get("mean_batch_size"),
+        "mean_shared_prefix_tokens": summary.get("mean_shared_prefix_tokens"),
+        "mean_distinct_groups": summary.get("mean_distinct_groups"),
+        "l2_hit_rate": summary.get("l2_hit_rate"),
+        "kv_read_bytes": summary.get("kv_read_bytes"),
+        "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
+        "cascade_steps": summary.get("cascade_steps"),
+        "sched_fraction_of_step_time": summary.get("sched_fraction_of_step_time"),
+        "sched_cpu_s_measured": summary.get("sched_cpu_s_measured"),
+        "fraction_of_oracle": summary.get("fraction_of_oracle"),
+        "wall_s": summary.get("wall_s"),
+        "git_revision": provenance["git"].get("revision"),
+        "git_dirty": provenance["git"].get("dirty"),
+        "feather_version": provenance.get("feather_version"),
+        "config_hash": provenance["config_hash"],
+        "host_cpu": provenance["host"].get("cpu_model"),
+        "python": (provenance.get("python") or {}).get("version"),
+        "started_utc": provenance.get("started_utc"),
+        "summary_path": str(path),
+    }
+
+
+def aggregate(
+    paths: list[str | Path],
+    out_parquet: str | Path,
+    out_csv: str | Path,
+    labels: dict[str, str] | None = None,
+) -> pd.DataFrame:
+    """Validate every summary, then write both tables (atomically). `labels` maps a run
+    directory to the scheduler name the config gave it."""
+    rows = [summary_row(Path(p)) for p in paths]
+    for row in rows:
+        label = (labels or {}).get(str(Path(row["summary_path"]).parent))
+        if label:
+            row["scheduler"] = label
+    frame = pd.DataFrame(rows).sort_values(["experiment", "hardware", "run"]).reset_index(drop=True)
+    with atomic_target(out_parquet) as tmp:
+        frame.to_parquet(tmp, index=False)
+    with atomic_target(out_csv) as tmp:
+        frame.to_csv(tmp, index=False)
+    return frame

@@ -1,0 +1,296 @@
+"""Experiments: one YAML file per paper figure, expanded into concrete simulation runs.
+
+An experiment file says which claim it tests, what the paper reports, which figure it
+feeds, its named workloads, and a list of run templates. In a template any list value is a
+sweep: the runs are the product of all lists (inside `params` too). Special values:
+`scheduler: all` (every scheduler of the config), `hardware: all` (every hardware profile
+of the config, the default), `seed: all` (the config's seeds, the default).
+
+Workloads are synthetic specs (`synthetic:...`, `{seed}` filled per run), or built files:
+`leval:min=1000,max=2000` (L-Eval requests whose document prefix has 1K-2K tokens) and
+`longbench-format:prefix=4000` (LongBench-format records from our own text, grouped by
+context, exercising the LongBench path end to end). A run's id names everything it
+depends on, so runs never overwrite each other across machines:
+results/{hardware}/{engine}/{experiment}/{run}/.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks")
+TEMPLATE_FIELDS = {
+    "workload",
+    "scheduler",
+    "params",
+    "kernel",
+    "engine_mode",
+    "hardware",
+    "seed",
+    "model",
+    *ENGINE_FIELDS,
+}
+EXPERIMENT_FIELDS = {
+    "claim",
+    "title",
+    "paper",
+    "figure",
+    "workloads",
+    "runs",
+    "description",
+    "training",
+}
+TRAINING_FIELDS = {
+    "learners",
+    "hardware",
+    "train_workloads",
+    "train_seeds",
+    "eval_workloads",
+    "eval_seeds",
+}
+
+
+class ExperimentError(ValueError):
+    """An experiment file that cannot be expanded."""
+
+
+@dataclass(frozen=True)
+class Run:
+    experiment: str
+    hardware: str
+    engine: str
+    model: str
+    workload: str  # the experiment's name for it
+    workload_spec: str  # a synthetic spec or a workload file path
+    scheduler: str  # the name the figures show
+    scheduler_class: str  # registry name or package.module:Class
+    params: tuple[tuple[str, Any], ...]
+    kernel: str = "paged"
+    engine_mode: str = "vllm"
+    seed: int = 0
+    engine_options: tuple[tuple[str, Any], ...] = ()
+    run_id: str = ""
+
+    @property
+    def out_dir(self) -> str:
+        return f"results/{self.hardware}/{self.engine}/{self.experiment}/{self.run_id}"
+
+    def cli_args(self) -> list[str]:
+        """`feather simulate` arguments for this run (without --out)."""
+        args = [
+            "--workload",
+            self.workload_spec,
+            "--scheduler",
+            self.scheduler_class,
+            "--hardware",
+            self.hardware,
+            "--model",
+            self.model,
+            "--kernel",
+            self.kernel,
+            "--engine-mode",
+            self.engine_mode,
+            "--seed",
+            str(self.seed),
+        ]
+        for key, value in self.params:
+            args += ["--param", f"{key}={json.dumps(value)}"]
+        for key, value in self.engine_options:
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        return args
+
+
+@dataclass
+class Experiment:
+    name: str
+    path: Path
+    claim: str
+    title: str
+    paper: str
+    figure: str
+    workloads: dict[str, str]
+    templates: list[dict[str, Any]]
+    description: str = ""
+    training: dict[str, Any] | None = None
+    runs: list[Run] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ExperimentError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ExperimentError(f"{path}: expected a mapping at the top level")
+    unknown = set(data) - EXPERIMENT_FIELDS
+    missing = {"claim", "title", "paper", "figure", "workloads", "runs"} - set(data)
+    if unknown or missing:
+        raise ExperimentError(f"{path}: unknown keys {sorted(unknown)}, missing {sorted(missing)}")
+    for i, template in enumerate(data["runs"]):
+        bad = set(template) - TEMPLATE_FIELDS
+        if bad:
+            raise ExperimentError(
+                f"{path}: run template {i} has unknown keys {sorted(bad)}; "
+                f"allowed: {sorted(TEMPLATE_FIELDS)}"
+            )
+        for name in _as_list(template.get("workload")):
+            if name not in data["workloads"]:
+                raise ExperimentError(
+                    f"{path}: run template {i} names workload {name!r}, "
+                    f"not one of {list(data['workloads'])}"
+                )
+    training = data.get("training")
+    if training is not None and set(training) != TRAINING_FIELDS:
+        raise ExperimentError(f"{path}: training needs exactly {sorted(TRAINING_FIELDS)}")
+    return Experiment(
+        name=path.stem,
+        path=path,
+        claim=str(data["claim"]),
+        title=data["title"],
+        paper=data["paper"],
+        figure=data["figure"],
+        workloads=dict(data["workloads"]),
+        templates=list(data["runs"]),
+        description=data.get("description", ""),
+        training=training,
+    )
+
+
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _slug(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return re.sub(r"[^A-Za-z0-9.=+-]+", "-", text).strip("-")
+
+
+def workload_path(spec: str, model: str) -> str | None:
+    """The built file of a non-synthetic workload spec (None for synthetic specs)."""
+    if spec.startswith("synthetic:"):
+        return None
+    kind, _, options = spec.partition(":")
+    if kind not in ("leval", "longbench-format"):
+        raise ExperimentError(
+            f"unknown workload kind {kind!r} in {spec!r}: use synthetic:..., "
+            "leval:min=..,max=.. or longbench-format:prefix=.."
+        )
+    return f"data/workloads/{kind}__{_slug(options) or 'all'}__{model}.parquet"
+
+
+def expand(experiment: Experiment, config: dict[str, Any], available: set[str]) -> Experiment:
+    """Fill `experiment.runs` from its templates and the config.
+
+    available: workload kinds whose data is present ("leval", ...); runs needing others are
+    skipped and listed in `experiment.skipped` with the reason.
+    """
+    schedulers: dict[str, dict[str, Any]] = config["schedulers"]
+    runs: dict[str, Run] = {}
+    for template in experiment.templates:
+        scheduler_names = (
+            list(schedulers)
+            if template.get("scheduler", "all") == "all"
+            else _as_list(template["scheduler"])
+        )
+        wanted = template.get("hardware", "all")
+        hardware = (
+            config["hardware"]
+            if wanted == "all"
+            else config["hardware"]
+            + [h for h in config.get("hardware_comparison", []) if h not in config["hardware"]]
+            if wanted == "comparison"
+            else _as_list(wanted)
+        )
+        seeds = (
+            config["seeds"] if template.get("seed", "all") == "all" else _as_list(template["seed"])
+        )
+        models = _as_list(template.get("model", config["models"]))
+        params_grid = template.get("params", {}) or {}
+        param_keys = sorted(params_grid)
+        param_values = [_as_list(params_grid[k]) for k in param_keys]
+        axes = itertools.product(
+            _as_list(template["workload"]),
+            scheduler_names,
+            hardware,
+            seeds,
+            models,
+            _as_list(template.get("kernel", "paged")),
+            _as_list(template.get("engine_mode", "vllm")),
+            itertools.product(*param_values),
+        )
+        for workload, scheduler, hw, seed, model, kernel, mode, values in axes:
+            entry = schedulers.get(scheduler, {})
+            params = {**(entry.get("params") or {}), **dict(zip(param_keys, values, strict=True))}
+            spec = experiment.workloads[workload].replace("{seed}", str(seed))
+            path = workload_path(spec, model)
+            kind = spec.partition(":")[0]
+            if path is not None and kind not in available:
+                experiment.skipped.append(f"{workload} ({kind} data not available)")
+                continue
+            options = tuple((k, template[k]) for k in ENGINE_FIELDS if k in template)
+            run_id = "__".join(
+                filter(
+                    None,
+                    [
+                        workload,
+                        scheduler,
+                        ",".join(
+                            f"{k}={_slug(v)}"
+                            for k, v in sorted(params.items())
+                            if k not in (entry.get("params") or {})
+                        ),
+                        kernel if kernel != "paged" else "",
+                        mode if mode != "vllm" else "",
+                        model if model != config["models"][0] else "",
+                        f"s{seed}",
+                    ],
+                )
+            )
+            run = Run(
+                experiment=experiment.name,
+                hardware=hw,
+                engine="sim",
+                model=model,
+                workload=workload,
+                workload_spec=path or spec,
+                scheduler=scheduler,
+                scheduler_class=entry.get("class", scheduler),
+                params=tuple(sorted(params.items())),
+                kernel=kernel,
+                engine_mode=mode,
+                seed=seed,
+                engine_options=options,
+                run_id=run_id,
+            )
+            if run.out_dir in runs and runs[run.out_dir] != run:
+                raise ExperimentError(f"{experiment.path}: two different runs map to {run.out_dir}")
+            runs[run.out_dir] = run
+    experiment.runs = list(runs.values())
+    experiment.skipped = sorted(set(experiment.skipped))
+    return experiment
+
+
+def load_all(
+    directory: str | Path, names: list[str], config: dict[str, Any], available: set[str]
+) -> dict[str, Experiment]:
+    """The config's experiments, expanded (unknown names name the files that exist)."""
+    directory = Path(directory)
+    known = sorted(p.stem for p in directory.glob("*.yaml"))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ExperimentError(
+            f"unknown experiment(s) {', '.join(unknown)}; experiments: {', '.join(known)}"
+        )
+    return {
+        name: expand(load_experiment(directory / f"{name}.yaml"), config, available)
+        for name in names
+    }

@@ -1,0 +1,101 @@
+"""`figures/ours.md`: the headline number of each figure, from this run's results.
+
+figures/README.md states each claim and the paper's number; this file, rewritten by every
+pipeline run, gives ours beside them, computed from results/summary.parquet.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from feather.atomic import write_text_atomic
+from feather.pipeline.figures import _params, divergent_requests
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None or pd.isna(value) else f"{value:.2f}"
+
+
+def _mean(frame: pd.DataFrame, **where: Any) -> float | None:
+    part = frame
+    for key, value in where.items():
+        part = part[part[key] == value]
+    return None if part.empty else float(part["output_tok_s"].mean())
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def headline(table: pd.DataFrame, experiment: str) -> list[str]:
+    data = table[table.experiment == experiment]
+    if data.empty:
+        return ["no runs"]
+    lines = []
+    for hw, part in data.groupby("hardware"):
+        if experiment == "c1":
+            p = _params(part)
+            r = _ratio(_mean(p, plan="homogeneous", size=100), _mean(p, plan="mixed", size=800))
+            lines.append(f"{hw}: homogeneous 8x100 / mixed 800 = {_fmt(r)}x")
+        elif experiment == "c2":
+            for kernel, k in part.groupby("kernel"):
+                divergent = k.workload.map(divergent_requests)
+                base, one = k[divergent == 0], k[divergent == 1]
+                r = _ratio(one.output_tok_s.mean(), base.output_tok_s.mean())
+                lines.append(f"{hw} {kernel}: 1 divergent / 0 = {_fmt(r)}x")
+        elif experiment in ("c5", "hardware"):
+            fcfs = _mean(part, scheduler="fcfs")
+            best = (
+                part[part.scheduler.str.startswith("feather")]
+                .groupby("scheduler")["output_tok_s"]
+                .mean()
+            )
+            if not best.empty:
+                lines.append(
+                    f"{hw}: best Feather ({best.idxmax()}) / FCFS = "
+                    f"{_fmt(_ratio(best.max(), fcfs))}x"
+                )
+        elif experiment == "c6":
+            fcfs = _mean(part, scheduler="fcfs")
+            worst = part[part.scheduler != "fcfs"].output_tok_s.min()
+            lines.append(f"{hw}: worst Feather / FCFS = {_fmt(_ratio(worst, fcfs))}x")
+        elif experiment == "c7":
+            ours = _mean(part[part.kernel == "paged"], scheduler="feather-static")
+            pat = _mean(part[part.kernel == "pat"], scheduler="fcfs")
+            lines.append(f"{hw}: feather-static + paged / fcfs + pat = {_fmt(_ratio(ours, pat))}x")
+        elif experiment == "load":
+            for scheduler, s in part.groupby("scheduler"):
+                lines.append(
+                    f"{hw} {scheduler}: TTFT p99 {_fmt(s.ttft_p99_s.max())} s, longest "
+                    f"wait {_fmt(s.longest_wait_s.max())} s (highest rate)"
+                )
+    return lines
+
+
+def write_ours(
+    table_path: str | Path, reports: list[str | Path], out: str | Path, experiments: dict[str, Any]
+) -> None:
+    table = pd.read_parquet(table_path)
+    rows = ["| figure | claim | paper | ours (this run) |", "|---|---|---|---|"]
+    for exp in experiments.values():
+        if exp.name == "rl":
+            loaded = [json.loads(Path(p).read_text()) for p in reports]
+            ours = [
+                f"{r['training']['learner']} ({r['hardware']}): held-out mean "
+                f"{_fmt(r['evaluation']['mean_ratio'])}x feather-static"
+                for r in loaded
+            ]
+        else:
+            ours = headline(table, exp.name)
+        rows.append(f"| {exp.figure} | {exp.claim} | {exp.paper} | {'<br>'.join(ours)} |")
+    revision = table["git_revision"].dropna().unique()
+    text = (
+        "# Our numbers, from the last pipeline run\n\n"
+        f"Git revision(s): {', '.join(map(str, revision)) or 'unknown'}. Produced by: "
+        f"{'; '.join(sorted(table['produced_by'].dropna().unique()))}.\n\n" + "\n".join(rows) + "\n"
+    )
+    write_text_atomic(out, text)

@@ -1,0 +1,279 @@
+"""The Snakemake pipeline, run for real on a tiny configuration in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from feather.pipeline.experiments import load_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_EXPERIMENTS = REPO / "tests" / "fixtures" / "tiny_experiments"
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+TOY_SCHEDULER = '''
+from feather.policies.fcfs import FCFSPolicy
+
+
+class NewestFirst(FCFSPolicy):
+    """A user's scheduler, outside the package: the newest waiting request first."""
+
+    name = "newest-first"
+
+    def _choose(self):
+        waiting = [r for r in self._state if self.is_waiting(r)]
+        return max(waiting, key=self.arrival_seq) if waiting else None
+
+
+class Broken(FCFSPolicy):
+    name = "broken"
+
+    def _choose(self):
+        raise RuntimeError("this scheduler fails on purpose")
+'''
+
+OWN_RULE = '''
+rule patched_engine_run:
+    """A run made by an external command, written in the standard layout."""
+    input:
+        "results/a100-80gb/sim/c6/unshared__fcfs__s0/summary.json",
+    output:
+        "results/a100-80gb/patched/c6/{name}/summary.json",
+    params:
+        valid=lambda wc: wc.name != "invalid",
+    run:
+        import json
+        summary = json.load(open(input[0]))
+        summary["provenance"]["policy"]["name"] = "patched-engine"
+        if not params.valid:
+            del summary["output_tok_s"]
+        json.dump(summary, open(output[0], "w"))
+'''
+
+
+def tiny_config(tmp: Path, **changes) -> Path:
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config.update(
+        {
+            "hardware": ["a100-80gb"],
+            "hardware_comparison": ["h200"],
+            "schedulers": {
+                "fcfs": {},
+                "lpm": {},
+                "feather-static": {},
+                "newest": {"class": "toy_scheduler:NewestFirst"},
+            },
+            "experiments_dir": str(TINY_EXPERIMENTS),
+            "extra_rules": [str(tmp / "own.smk")],
+            "extra_runs": ["results/a100-80gb/patched/c6/mine/summary.json"],
+        }
+    )
+    config.update(changes)
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def snakemake(
+    tmp: Path, config: Path, *args: str, quiet: bool = True
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(tmp)}
+    return subprocess.run(
+        [
+            *SNAKEMAKE,
+            "-s",
+            str(REPO / "Snakefile"),
+            "--directory",
+            str(tmp),
+            "--configfile",
+            str(config),
+            "--cores",
+            "2",
+            *(["--quiet", "rules"] if quiet else []),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """One complete run of the tiny workflow."""
+    tmp = tmp_path_factory.mktemp("pipeline")
+    (tmp / "toy_scheduler.py").write_text(TOY_SCHEDULER)
+    (tmp / "own.smk").write_text(OWN_RULE)
+    done = snakemake(tmp, tiny_config(tmp))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return tmp
+
+
+def test_every_expected_result_and_figure_exists(finished: Path) -> None:
+    table = pd.read_parquet(finished / "results" / "summary.parquet")
+    experiments = {p.stem: load_experiment(p) for p in TINY_EXPERIMENTS.glob("*.yaml")}
+    for name, experiment in experiments.items():
+        assert (finished / "figures" / f"{experiment.figure}.png").stat().st_size > 10_000, name
+        if experiment.templates:
+            runs = table[(table.experiment == name) & (table.engine == "sim")]
+            assert len(runs) > 0, name
+            for path in runs.summary_path:
+                run_dir = finished / Path(path).parent
+                assert {"trace.parquet", "requests.parquet", "summary.json"} <= {
+                    p.name for p in run_dir.iterdir()
+                }
+    assert (finished / "results" / "summary.csv").is_file()
+    ours = (finished / "figures" / "ours.md").read_text()
+    assert "c1_homogeneous_vs_mixed" in ours and "homogeneous 8x100" in ours
+    assert set(table.hardware) == {"a100-80gb", "h200"}  # h200: the hardware comparison only
+    assert table.git_revision.notna().all() and table.config_hash.notna().all()
+
+
+def test_figure_index_lists_exactly_the_figures_the_pipeline_draws() -> None:
+    indexed = set(
+        re.findall(r"^\| (\w+)\.png \|", (REPO / "figures" / "README.md").read_text(), re.MULTILINE)
+    )
+    default = {load_experiment(p).figure for p in (REPO / "experiments").glob("*.yaml")}
+    tiny = {load_experiment(p).figure for p in TINY_EXPERIMENTS.glob("*.yaml")}
+    assert indexed == default == tiny
+
+
+def test_a_scheduler_added_by_dotted_path_reaches_the_table_and_figures(finished: Path) -> None:
+    table = pd.read_parquet(finished / "results" / "summary.parquet")
+    newest = table[table.scheduler == "newest"]
+    assert set(newest.experiment) >= {"c5"}  # `scheduler: all` experiments include it
+    assert (newest.scheduler_class == "toy_scheduler:NewestFirst").all()
+    c5_png = finished / "figures" / "c5_schedulers_by_prefix_length.png"
+    assert c5_png.stat().st_mtime >= (finished / "results" / "summary.parquet").stat().st_mtime
+
+
+def test_a_run_from_your_own_rule_is_aggregated_like_ours(finished: Path) -> None:
+    table = pd.read_parquet(finished / "results" / "summary.parquet")
+    mine = table[table.engine == "patched"]
+    assert list(mine.run) == ["mine"] and list(mine.scheduler) == ["patched-engine"]
+
+
+def test_an_invalid_summary_is_rejected_clearly(finished: Path) -> None:
+    config = tiny_config(finished, extra_runs=["results/a100-80gb/patched/c6/invalid/summary.json"])
+    done = snakemake(finished, config)
+    assert done.returncode != 0
+    assert "invalid run summary, missing output_tok_s" in done.stdout + done.stderr
+
+
+def test_rerun_does_nothing_and_a_changed_parameter_reruns_only_its_runs(finished: Path) -> None:
+    restored = snakemake(finished, tiny_config(finished))  # an earlier test may have failed a job
+    assert restored.returncode == 0, restored.stderr[-3000:]
+    again = snakemake(finished, tiny_config(finished), "-n")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+    changed = tiny_config(
+        finished,
+        schedulers={
+            "fcfs": {},
+            "lpm": {},
+            "feather-static": {"params": {"min_batch": 4}},
+            "newest": {"class": "toy_scheduler:NewestFirst"},
+        },
+    )
+    plan = snakemake(finished, changed, "-n", quiet=False)
+    out = plan.stdout + plan.stderr
+    reruns = set(re.findall(r"run=([^\s,]+)", out))
+    assert reruns and all("feather-static" in r for r in reruns), sorted(reruns)
+    table = pd.read_parquet(finished / "results" / "summary.parquet")
+    static_runs = {
+        Path(p).parent.name for p in table[table.scheduler == "feather-static"].summary_path
+    }
+    assert reruns == static_runs
+
+
+def test_a_failed_run_leaves_no_summary_to_trust(finished: Path) -> None:
+    config = tiny_config(
+        finished,
+        schedulers={"fcfs": {}, "broken": {"class": "toy_scheduler:Broken"}},
+        experiments=["c5"],  # `scheduler: all`: every configured scheduler runs
+        extra_runs=[],
+        extra_rules=[],
+    )
+    done = snakemake(finished, config)
+    assert done.returncode != 0
+    log = finished / "logs/sim/a100-80gb/c5/leval_2k_4k__broken__s0.log"
+    assert "this scheduler fails on purpose" in log.read_text()
+    broken = list((finished / "results").rglob("*__broken__s0/*"))
+    assert broken == []
+    assert (finished / "results/a100-80gb/sim/c5/leval_2k_4k__fcfs__s0/summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"schedulers": {"sjf": {}}}, "scheduler 'sjf': unknown scheduler 'sjf'"),
+        ({"hardware": ["b200"]}, "unknown hardware 'b200'; hardware: h200"),
+        ({"models": ["gpt-5"]}, "unknown model 'gpt-5'; models: llama-3-8b"),
+        ({"experiments": ["c9"]}, "unknown experiment(s) c9; experiments: c1"),
+        ({"engines": ["trt"]}, "'trt' is not one of ['sim']"),
+        ({"seeds": ["zero"]}, "'zero' is not of type 'integer'"),
+    ],
+)
+def test_a_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, change, message) -> None:
+    changes = {"schedulers": {"fcfs": {}}, "extra_rules": [], "extra_runs": [], **change}
+    done = snakemake(tmp_path, tiny_config(tmp_path, **changes), "-n")
+    assert done.returncode != 0
+    assert message in done.stdout + done.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_dry_run_and_lint_of_the_default_config_are_clean() -> None:
+    dry = subprocess.run(
+        [*SNAKEMAKE, "-n", "--quiet", "rules"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    lint = subprocess.run(
+        [*SNAKEMAKE, "--lint"], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-3000:]
+    assert "Lints for" not in lint.stdout + lint.stderr
+
+
+def test_summary_table_has_provenance_columns(finished: Path) -> None:
+    frame = pd.read_csv(finished / "results" / "summary.csv")
+    for column in (
+        "git_revision",
+        "git_dirty",
+        "feather_version",
+        "config_hash",
+        "host_cpu",
+        "python",
+        "produced_by",
+        "seed",
+    ):
+        assert column in frame.columns
+    summary = json.loads(Path(finished / frame.summary_path[0]).read_text())
+    assert summary["provenance"]["simulated_hardware"]["name"] == frame.hardware[0]
+
+
+def test_the_rules_conda_env_pins_what_the_lock_pins() -> None:
+    lock = dict(
+        line.split("==", 1)
+        for line in (REPO / "requirements.lock").read_text().splitlines()
+        if "==" in line
+    )
+    env = yaml.safe_load((REPO / "workflow" / "envs" / "feather.yaml").read_text())
+    pins = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert len(pins) >= 10
+    for pin in pins:
+        name, version = pin.split("==")
+        assert lock[name] == version, pin

@@ -1,0 +1,170 @@
+# Parse-time Python: check the config, find the data, expand the experiments into runs.
+import contextlib
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from feather.models import get_model, model_names
+from feather.pipeline.experiments import load_all
+from feather.pipeline.gpu import attached_gpus
+from feather.policies import UnknownSchedulerError, resolve_scheduler
+from feather.sim.hardware import get_hardware, hardware_names
+from feather.workloads.hub import hub_unreachable_reason
+
+REPO = Path(workflow.basedir)
+
+
+def _feather_command():
+    """The command shell jobs run feather with: this interpreter, or (conda) the job's env on this checkout."""
+    if any(str(m).lower().endswith("conda") for m in workflow.deployment_settings.deployment_method):
+        return f"PYTHONPATH={shlex.quote(str(REPO))} python -m feather"
+    return f"{shlex.quote(sys.executable)} -m feather"
+
+
+FEATHER = _feather_command()
+
+
+def _fail(message):
+    raise ValueError(f"config.yaml: {message}")
+
+
+def _register_profiles():
+    """User profiles from the config, registered here and passed to every simulate job."""
+    from feather.cli import register_profiles
+
+    try:
+        register_profiles(
+            [json.dumps({"name": n, **f}) for n, f in config.get("hardware_profiles", {}).items()],
+            [json.dumps({"name": n, **f}) for n, f in config.get("model_profiles", {}).items()],
+        )
+    except (TypeError, ValueError) as exc:
+        _fail(f"a hardware or model profile is wrong: {exc}")
+
+
+def _check_config():
+    _register_profiles()
+    for name in config["models"]:
+        if name not in model_names():
+            _fail(f"unknown model {name!r}; models: {', '.join(model_names())}")
+    for name in config["hardware"] + config.get("hardware_comparison", []):
+        if name not in hardware_names():
+            _fail(f"unknown hardware {name!r}; hardware: {', '.join(hardware_names())}")
+    for label, entry in config["schedulers"].items():
+        try:
+            resolve_scheduler(entry.get("class", label))
+        except UnknownSchedulerError as exc:
+            _fail(f"scheduler {label!r}: {exc}")
+
+
+def _leval_dir():
+    """Where the L-Eval data is, or None (the reason is logged)."""
+    configured = (config.get("data") or {}).get("leval_dir")
+    for candidate in (configured, os.environ.get("FEATHER_LEVAL_DIR"),
+                      str(REPO.parent / "shared" / "datasets" / "leval")):
+        if candidate and Path(candidate, "quality.jsonl").is_file():
+            return str(Path(candidate).resolve())
+        if candidate == configured and configured:
+            _fail(f"data.leval_dir {configured!r} holds no L-Eval files (<task>.jsonl)")
+    return None
+
+
+def _available_data():
+    available = {"synthetic", "longbench-format"}
+    if LEVAL_DIR is not None:
+        available.add("leval")
+    elif (config.get("data") or {}).get("hub", True) and hub_unreachable_reason() is None:
+        available.add("leval")  # downloaded by the workload rule
+    else:
+        print("feather: no L-Eval data (no data.leval_dir, no $FEATHER_LEVAL_DIR, no "
+              "../shared/datasets/leval, hub unreachable): L-Eval experiments are skipped",
+              file=sys.stderr)
+    return available
+
+
+_check_config()
+LEVAL_DIR = _leval_dir()
+GPUS = attached_gpus()
+EXPERIMENTS = load_all(REPO / config.get("experiments_dir", "experiments"),
+                       config["experiments"], config, _available_data())
+RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs}
+LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
+for _exp in EXPERIMENTS.values():
+    for _reason in _exp.skipped:
+        print(f"feather: experiment {_exp.name}: skipped runs on {_reason}", file=sys.stderr)
+if not GPUS:
+    print("feather: no GPU attached: running the simulator only (engines: sim)", file=sys.stderr)
+
+
+def run_of(wildcards):
+    return RUNS[f"results/{wildcards.hardware}/sim/{wildcards.experiment}/{wildcards.run}"]
+
+
+def summary_paths():
+    return [f"{out}/summary.json" for out in RUNS]
+
+
+def rl_reports():
+    exp = EXPERIMENTS.get("rl")
+    if exp is None or exp.training is None:
+        return []
+    return [f"results/{hw}/sim/rl/{learner}/report.json"
+            for hw in exp.training["hardware"] for learner in exp.training["learners"]]
+
+
+def figure_names():
+    return [exp.figure for exp in EXPERIMENTS.values() if exp.runs or exp.training]
+
+
+def all_targets():
+    return (["results/summary.parquet", "results/summary.csv", "figures/ours.md"]
+            + [f"figures/{name}.png" for name in figure_names()])
+
+
+def profile_args():
+    args = []
+    for name, fields in config.get("hardware_profiles", {}).items():
+        args += ["--hardware-profile", json.dumps({"name": name, **fields})]
+    for name, fields in config.get("model_profiles", {}).items():
+        args += ["--model-profile", json.dumps({"name": name, **fields})]
+    return args
+
+
+def report_time_budget(start):
+    """Print the wall time of the run and the simulated runs' wall time per experiment."""
+    import time
+
+    import pandas as pd
+
+    print(f"feather: workflow finished in {time.time() - start:.0f} s wall", file=sys.stderr)
+    table = Path("results/summary.csv")
+    if table.is_file():
+        frame = pd.read_csv(table)
+        for experiment, seconds in frame.groupby("experiment")["wall_s"].sum().items():
+            print(f"feather:   {experiment:<10} {seconds:7.1f} s in {int((frame.experiment == experiment).sum())} runs",
+                  file=sys.stderr)
+
+
+def slug_options(text):
+    """'min=1000-max=2000' -> {'min': '1000', 'max': '2000'} (the slug of an experiment spec)."""
+    return dict(part.split("=", 1) for part in text.replace(",", "-").split("-") if "=" in part)
+
+
+def training():
+    """The rl experiment's training section (what the learners train and are evaluated on)."""
+    return EXPERIMENTS["rl"].training
+
+
+def figure_meta(name):
+    """What a figure is labelled with: its claim, title, the paper's number, its experiment."""
+    exp = next(e for e in EXPERIMENTS.values() if e.figure == name)
+    return {"claim": exp.claim, "title": exp.title, "paper": exp.paper, "experiment": exp.name}
+
+
+@contextlib.contextmanager
+def logged_to(path):
+    """Send what a `run:` block prints to its rule's log, as shell rules do with `> {log}`."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        yield

@@ -1,0 +1,46 @@
+# The figures (figures/README.md indexes them) and the table of our numbers.
+
+
+rule figure:
+    input:
+        table="results/summary.parquet",
+    output:
+        "figures/{name}.png",
+    log:
+        "logs/figures/{name}.log",
+    wildcard_constraints:
+        name="|".join(n for n in figure_names() if n != "rl_policies") or "no-figures",
+    run:
+        from feather.pipeline.figures import draw
+
+        with logged_to(log[0]):
+            draw(wildcards.name, input.table, output[0], figure_meta(wildcards.name))
+
+
+rule rl_figure:
+    input:
+        reports=rl_reports(),
+    output:
+        "figures/rl_policies.png",
+    log:
+        "logs/figures/rl_policies.log",
+    run:
+        from feather.pipeline.figures import draw
+
+        with logged_to(log[0]):
+            draw("rl_policies", None, output[0], figure_meta("rl_policies"), input.reports)
+
+
+rule our_numbers:
+    input:
+        table="results/summary.parquet",
+        reports=rl_reports(),
+    output:
+        "figures/ours.md",
+    log:
+        "logs/figures/ours.log",
+    run:
+        from feather.pipeline.ours import write_ours
+
+        with logged_to(log[0]):
+            write_ours(input.table, list(input.reports), output[0], EXPERIMENTS)
