@@ -16,6 +16,12 @@ from feather.workloads.hub import hub_unreachable_reason
 REPO = Path(workflow.basedir)
 
 
+def note(message):
+    """Tell the user something once (Snakemake re-reads the Snakefile in each job process)."""
+    if workflow.is_main_process:
+        print(f"feather: {message}", file=sys.stderr)
+
+
 def _feather_command():
     """The command shell jobs run feather with: this interpreter, or (conda) the job's env on this checkout."""
     if any(str(m).lower().endswith("conda") for m in workflow.deployment_settings.deployment_method):
@@ -77,9 +83,8 @@ def _available_data():
     elif (config.get("data") or {}).get("hub", True) and hub_unreachable_reason() is None:
         available.add("leval")  # downloaded by the workload rule
     else:
-        print("feather: no L-Eval data (no data.leval_dir, no $FEATHER_LEVAL_DIR, no "
-              "../shared/datasets/leval, hub unreachable): L-Eval experiments are skipped",
-              file=sys.stderr)
+        note("no L-Eval data (no data.leval_dir, no $FEATHER_LEVAL_DIR, no "
+             "../shared/datasets/leval, hub unreachable): L-Eval experiments are skipped")
     return available
 
 
@@ -92,9 +97,9 @@ RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs}
 LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
 for _exp in EXPERIMENTS.values():
     for _reason in _exp.skipped:
-        print(f"feather: experiment {_exp.name}: skipped runs on {_reason}", file=sys.stderr)
+        note(f"experiment {_exp.name}: skipped runs on {_reason}")
 if not GPUS:
-    print("feather: no GPU attached: running the simulator only (engines: sim)", file=sys.stderr)
+    note("no GPU attached: running the simulator only (engines: sim)")
 
 
 def run_of(wildcards):
@@ -132,18 +137,20 @@ def profile_args():
 
 
 def report_time_budget(start):
-    """Print the wall time of the run and the simulated runs' wall time per experiment."""
+    """Print the run's wall time, each experiment's simulation time and the RL training time."""
     import time
 
     import pandas as pd
 
-    print(f"feather: workflow finished in {time.time() - start:.0f} s wall", file=sys.stderr)
+    note(f"workflow finished in {time.time() - start:.0f} s wall")
     table = Path("results/summary.csv")
     if table.is_file():
         frame = pd.read_csv(table)
-        for experiment, seconds in frame.groupby("experiment")["wall_s"].sum().items():
-            print(f"feather:   {experiment:<10} {seconds:7.1f} s in {int((frame.experiment == experiment).sum())} runs",
-                  file=sys.stderr)
+        for experiment, runs in frame.groupby("experiment"):
+            note(f"  {experiment:<10} {runs.wall_s.sum():7.1f} s in {len(runs)} runs")
+    for bench in sorted(Path("logs/benchmarks/rl").glob("*/*.tsv")):
+        seconds = pd.read_csv(bench, sep="\t")["s"].sum()
+        note(f"  rl         {seconds:7.1f} s training {bench.stem} on {bench.parent.name}")
 
 
 def slug_options(text):

@@ -16,6 +16,8 @@ rule train_learner:
         ),
     log:
         "logs/rl/{hardware}/{learner}.log",
+    benchmark:
+        "logs/benchmarks/rl/{hardware}/{learner}.tsv",
     wildcard_constraints:
         hardware="[^/]+",
         learner="feather-ucb|feather-qlearn",
