@@ -219,7 +219,7 @@ def test_a_failed_run_leaves_no_summary_to_trust(finished: Path) -> None:
         ({"hardware": ["b200"]}, "unknown hardware 'b200'; hardware: h200"),
         ({"models": ["gpt-5"]}, "unknown model 'gpt-5'; models: llama-3-8b"),
         ({"experiments": ["c9"]}, "unknown experiment(s) c9; experiments: c1"),
-        ({"engines": ["trt"]}, "'trt' is not one of ['sim']"),
+        ({"engines": ["trt"]}, "unknown engine(s) trt; engines: sim"),
         ({"seeds": ["zero"]}, "'zero' is not of type 'integer'"),
     ],
 )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from feather.models import get_model, model_names
 from feather.pipeline.experiments import load_all
+from feather.pipeline.engines import EngineUnavailableError, select_engines
 from feather.pipeline.gpu import attached_gpus
 from feather.policies import UnknownSchedulerError, resolve_scheduler
 from feather.sim.hardware import get_hardware, hardware_names
@@ -88,18 +89,30 @@ def _available_data():
     return available
 
 
+def _engines_here():
+    """The configured engines that run on this machine (GPU engines need a GPU)."""
+    gpus = attached_gpus()
+    try:
+        runnable, skipped = select_engines(config["engines"], gpus, config.get("require_gpu", False))
+    except EngineUnavailableError as exc:
+        _fail(str(exc))
+    for reason in skipped:
+        note(f"{reason}: its runs are skipped (set require_gpu: true to make this an error)")
+    note(f"GPUs: {', '.join(gpus) or 'none'}; engines that run here: {', '.join(runnable) or 'none'}")
+    return runnable
+
+
 _check_config()
 LEVAL_DIR = _leval_dir()
-GPUS = attached_gpus()
+ENGINES_HERE = _engines_here()
 EXPERIMENTS = load_all(REPO / config.get("experiments_dir", "experiments"),
                        config["experiments"], config, _available_data())
-RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs}
+RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
+        if run.engine in ENGINES_HERE}
 LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
 for _exp in EXPERIMENTS.values():
     for _reason in _exp.skipped:
         note(f"experiment {_exp.name}: skipped runs on {_reason}")
-if not GPUS:
-    note("no GPU attached: running the simulator only (engines: sim)")
 
 
 def run_of(wildcards):
