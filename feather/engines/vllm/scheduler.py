@@ -1,0 +1,313 @@
+"""vLLM V1 scheduler classes that admit waiting requests in the order of one of our policies.
+
+Select with vLLM's own switch, and name the policy in `additional_config`:
+
+    LLM(..., scheduler_cls="feather.engines.vllm.scheduler.FeatherScheduler",
+        additional_config={"feather": {"scheduler": "feather-static", "params": {}, "seed": 0}})
+
+`FeatherAsyncScheduler` is the same on vLLM's `AsyncScheduler` (GPU with async scheduling),
+so Feather and the FCFS baseline can run with the same async setting.
+
+What changes: only the waiting queue (`PolicyWaitingQueue`). vLLM's KV accounting, prefix
+caching, chunked prefill and preemption run unchanged. `fcfs` keeps vLLM's own FCFS queue
+(a pass-through: the real baseline, with the same per-step records as every policy).
+
+Per step the scheduler records (`step_rows`, `trace_table()`): batch size, the shared-prefix
+depth of the scheduled requests, distinct prefix groups (when the runner gives the request ->
+group map), admissions, STOP decisions, scheduler CPU time (`time.thread_time` around
+`schedule()`, and the policy's share of it), step wall time, prefix-cache hit tokens of the
+admissions, preemptions. Learning policies get their reward from the measured step times.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
+
+from feather.engines.vllm.queue import PolicyWaitingQueue
+from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_engine_policy
+from feather.policies.base import Action
+
+NATIVE_FCFS = "fcfs"  # vLLM's own queue: the baseline, untouched
+
+
+@dataclass(frozen=True)
+class FeatherSettings:
+    """`additional_config["feather"]`: which policy, its parameters and seed."""
+
+    scheduler: str = NATIVE_FCFS
+    params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    groups: list[Any] | None = None  # prefix group of the k-th request added, for the records
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> FeatherSettings:
+        raw = dict((getattr(vllm_config, "additional_config", None) or {}).get("feather") or {})
+        unknown = set(raw) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"additional_config['feather']: unknown key(s) {sorted(unknown)}")
+        return cls(**raw)
+
+
+@dataclass
+class StepRow:
+    """One schedule() + update_from_output() of the engine."""
+
+    step: int
+    start_s: float
+    sched_cpu_s: float
+    sched_wall_s: float
+    policy_cpu_s: float
+    batch_size: int
+    decode_seqs: int
+    prefill_tokens: int
+    scheduled_tokens: int
+    shared_prefix_tokens: int
+    distinct_groups: int | None
+    admitted: int
+    cache_hit_tokens: int
+    preempted: int
+    waiting: int
+    free_blocks: int
+    candidates: int
+    decisions_add: int
+    decisions_stop: int
+    stop_reason: str | None
+    step_time_s: float | None = None
+    sampled_tokens: int = 0
+    finished: int = 0
+
+
+@dataclass
+class RequestTimes:
+    """When one request was admitted, got its first token and finished (s since the run's
+    start), and what it cost: the engine-side view of TTFT, TPOT and waiting."""
+
+    index: int  # the order in which the engine received it (since use_policy)
+    prompt_tokens: int
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    cached_tokens: int = 0
+    preemptions: int = 0
+    output_tokens: int = 0
+
+
+def shared_prefix_blocks(hash_lists: list[list[Any]]) -> int:
+    """Blocks common to every list (cumulative hashes: equal at k <=> equal up to k)."""
+    if not hash_lists:
+        return 0
+    first = hash_lists[0]
+    lo, hi = 0, min(len(h) for h in hash_lists)
+    while lo < hi:  # the largest d with block d-1 equal in all lists (monotone in d)
+        mid = (lo + hi + 1) // 2
+        if all(h[mid - 1] == first[mid - 1] for h in hash_lists):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class _FeatherSchedulingMixin:
+    """What FeatherScheduler and FeatherAsyncScheduler add to vLLM's schedulers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if getattr(self, "connector", None) is not None:
+            raise ValueError(
+                "the Feather scheduler does not support KV connectors (disaggregated "
+                "prefill, KV offload): requests holding remote KV bypass the admission policy"
+            )
+        self.step_rows: list[StepRow] = []
+        self.policy: AdmissionPolicy | None = None
+        self._native_waiting = self.waiting
+        self._policy_queue: PolicyWaitingQueue | None = None
+        settings = FeatherSettings.from_vllm_config(self.vllm_config)
+        self.use_policy(settings.scheduler, settings.params, settings.seed, settings.groups)
+
+    # ---- configuration ----------------------------------------------------------------------
+    def use_policy(
+        self,
+        scheduler: str,
+        params: dict[str, Any] | None = None,
+        seed: int = 0,
+        groups: list[Any] | None = None,
+    ) -> None:
+        """Switch the admission policy (only while the engine holds no request) and start a
+        fresh record: one engine start serves many runs. `groups[k]` is the prefix group of
+        the k-th request added from now on (for the distinct-groups record)."""
+        if self.requests:
+            raise RuntimeError(
+                f"use_policy({scheduler!r}) while {len(self.requests)} request(s) are in the "
+                "engine: switch policies only between runs"
+            )
+        self.scheduler_name = scheduler
+        self._groups = groups
+        self._group_of: dict[str, Any] = {}
+        self.step_rows = []
+        self.request_times: dict[str, RequestTimes] = {}
+        self._rows_in_flight: dict[int, StepRow] = {}
+        self._clock0 = time.perf_counter()
+        self._last_update: float | None = None
+        if scheduler == NATIVE_FCFS and not params:
+            self.policy, self._policy_queue = None, None
+            self.waiting = self._native_waiting
+            return
+        num_blocks = self.cache_config.num_gpu_blocks
+        self.policy = create_engine_policy(
+            scheduler,
+            params,
+            block_size=self.hash_block_size,
+            seed=seed,
+            page_size=self.hash_block_size,
+            cache_capacity_tokens=num_blocks * self.block_size if num_blocks else None,
+        )
+        self._policy_queue = PolicyWaitingQueue(self.policy, self._step_context)
+        self.waiting = self._policy_queue
+
+    def _step_context(self) -> StepContext:
+        return StepContext(
+            num_running=len(self.running),
+            max_running=self.max_num_running_reqs,
+            token_budget=self.max_num_scheduled_tokens,
+            free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+        )
+
+    # ---- vLLM's hooks -------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        index = len(self.request_times)
+        self.request_times[request.request_id] = RequestTimes(index, request.num_prompt_tokens)
+        if self._groups is not None and index < len(self._groups):
+            self._group_of[request.request_id] = self._groups[index]
+        super().add_request(request)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        running_before = {r.request_id for r in self.running}
+        self._preempted_in_step = 0
+        queue = self._policy_queue
+        if queue is not None:
+            queue.open_step()
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        output = super().schedule(*args, **kwargs)
+        cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
+        took_part = queue.close_step() if queue is not None else False
+        self._record_schedule(output, running_before, wall0, cpu, wall, took_part)
+        return output
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any):
+        self._finished_in_update = 0
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now = time.perf_counter()
+        row = self._row_for(scheduler_output)
+        if row is not None:
+            started = self._last_update or self._clock0 + row.start_s  # first: its schedule()
+            row.step_time_s = now - started
+            row.sampled_tokens = sum(len(t) for t in model_runner_output.sampled_token_ids)
+            for req_id, tokens in zip(
+                model_runner_output.req_ids, model_runner_output.sampled_token_ids, strict=False
+            ):
+                times = self.request_times.get(req_id)
+                if times is not None and tokens and times.first_token_s is None:
+                    times.first_token_s = now - self._clock0
+            row.finished = self._finished_in_update
+            if self.policy is not None:
+                self.policy.report_step(
+                    StepOutcome(row.batch_size, row.sampled_tokens, row.step_time_s)
+                )
+        self._last_update = now
+        return outputs
+
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super()._preempt_request(request, *args, **kwargs)
+        self._preempted_in_step = getattr(self, "_preempted_in_step", 0) + 1
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any):
+        times = self.request_times[request.request_id]
+        times.finish_s = time.perf_counter() - self._clock0
+        times.preemptions = request.num_preemptions
+        times.output_tokens = request.num_output_tokens
+        result = super()._free_request(request, *args, **kwargs)
+        if self._policy_queue is not None:
+            self._policy_queue.forget(request.request_id)
+        self._finished_in_update = getattr(self, "_finished_in_update", 0) + 1
+        return result
+
+    # ---- records ------------------------------------------------------------------------------
+    def _record_schedule(
+        self,
+        output: SchedulerOutput,
+        running_before: set[str],
+        wall0: float,
+        cpu: float,
+        wall: float,
+        took_part: bool,
+    ) -> None:
+        scheduled = output.num_scheduled_tokens
+        requests = [self.requests[rid] for rid in scheduled]
+        decode = prefill_tokens = 0
+        for request in requests:
+            done_before = request.num_computed_tokens - scheduled[request.request_id]
+            if done_before >= request.num_prompt_tokens:
+                decode += 1
+            else:
+                prefill_tokens += scheduled[request.request_id]
+        admitted = [r for r in self.running if r.request_id not in running_before]
+        for request in admitted:
+            times = self.request_times[request.request_id]
+            if times.admitted_s is None:  # the first admission (not a resumption)
+                times.admitted_s = wall0 - self._clock0
+                times.cached_tokens = max(
+                    request.num_computed_tokens - scheduled.get(request.request_id, 0), 0
+                )
+        hits = sum(r.num_computed_tokens - scheduled.get(r.request_id, 0) for r in admitted)
+        record = self.policy.last_step if self.policy is not None and took_part else None
+        decisions = record.decisions if record is not None else []
+        group_of = self._group_of if self._groups is not None else None
+        row = StepRow(
+            step=len(self.step_rows),
+            start_s=wall0 - self._clock0,
+            sched_cpu_s=cpu,
+            sched_wall_s=wall,
+            policy_cpu_s=self._policy_queue.take_policy_cpu_s() if self._policy_queue else 0.0,
+            batch_size=len(requests),
+            decode_seqs=decode,
+            prefill_tokens=prefill_tokens,
+            scheduled_tokens=output.total_num_scheduled_tokens,
+            shared_prefix_tokens=self.hash_block_size
+            * shared_prefix_blocks([r.block_hashes for r in requests]),
+            distinct_groups=len({group_of.get(r.request_id) for r in requests})
+            if group_of is not None
+            else None,
+            admitted=len(admitted),
+            cache_hit_tokens=max(hits, 0),
+            preempted=self._preempted_in_step,
+            waiting=len(self.waiting),
+            free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            candidates=len(record.admitted) + (record.refused is not None) if record else 0,
+            decisions_add=sum(d.action is Action.ADD for d in decisions),
+            decisions_stop=sum(d.action is Action.STOP for d in decisions),
+            stop_reason=str(record.stop_reason) if record and record.stop_reason else None,
+        )
+        self.step_rows.append(row)
+        self._rows_in_flight[id(output)] = row
+
+    def _row_for(self, output: SchedulerOutput) -> StepRow | None:
+        """The row of the step this output came from (async: not always the last one)."""
+        return self._rows_in_flight.pop(id(output), None)
+
+    def trace_rows(self) -> list[dict[str, Any]]:
+        return [asdict(row) for row in self.step_rows]
+
+
+class FeatherScheduler(_FeatherSchedulingMixin, Scheduler):
+    """vLLM V1's Scheduler, admitting in the order of a Feather-registry policy."""
+
+
+class FeatherAsyncScheduler(_FeatherSchedulingMixin, AsyncScheduler):
+    """The same on vLLM's AsyncScheduler (async scheduling on GPU)."""
