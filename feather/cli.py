@@ -324,7 +324,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         for i, run in enumerate(runs, 1):
             run = dataclasses.replace(run, workload=args.workload)
-            out = Path(args.out) if single else Path(args.out) / f"{run.scheduler}__r{run.repeat}"
+            name = f"{args.run_prefix}{run.scheduler}__r{run.repeat}"
+            out = Path(args.out) if single and not args.run_prefix else Path(args.out) / name
             result = session.run(run, workload)
             write_vllm_run(result, out)
             results.append((run, result.summary, out))
@@ -613,6 +614,11 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="run directory (one scheduler, one repeat), else the folder of "
         "<scheduler>__r<k> run directories",
+    )
+    run.add_argument(
+        "--run-prefix",
+        default="",
+        help="run directories are <out>/<prefix><scheduler>__r<k> (always, when given)",
     )
     run.add_argument("--json", action="store_true")
     run.add_argument("--quiet", action="store_true")

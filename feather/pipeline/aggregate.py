@@ -32,9 +32,8 @@ def _hardware_of(provenance: dict[str, Any]) -> tuple[str, str]:
         return name, f"simulator ({name} profile)"
     device = (provenance.get("gpu") or {}).get("name") or provenance.get("device")
     engine = (provenance.get("engine") or {}).get("name", "engine")
-    if device:
-        return str(device), f"{engine} on {device}"
-    return provenance["host"].get("cpu_model") or "cpu", f"{engine} on CPU"
+    name = str(device) if device else "cpu"
+    return name, provenance.get("produced_by") or f"{engine} on {device or 'CPU'}"
 
 
 def summary_row(path: Path) -> dict[str, Any]:
@@ -70,6 +69,7 @@ def summary_row(path: Path) -> dict[str, Any]:
         "kernel": config.get("kernel"),
         "engine_mode": config.get("engine_mode"),
         "seed": provenance["seed"],
+        "repeat": config.get("repeat", 0),
         "requests": summary["requests"],
         "output_tok_s": summary["output_tok_s"],
         "total_tok_s": summary.get("total_tok_s"),

@@ -269,7 +269,17 @@ class VllmSession:
         summary = self._summary(run, workload, trace, request_table)
         summary["wall_s"] = time.perf_counter() - wall0
         summary["provenance"] = collect_provenance(
-            config={"run": asdict(run), "setup": asdict(self.setup)},
+            config={
+                "engine": "vllm",
+                "workload": run.workload,
+                "scheduler": run.scheduler_class or run.scheduler,
+                "scheduler_label": run.scheduler,
+                "scheduler_params": run.params,
+                "model": self.setup.model,
+                "seed": run.seed,
+                "repeat": run.repeat,
+                "setup": asdict(self.setup),
+            },
             seed=run.seed,
             started_utc=started_utc,
             extra={
@@ -281,6 +291,7 @@ class VllmSession:
                     "sha256": workload.provenance.get("parquet_sha256"),
                     "statistics": workload.statistics,
                 },
+                "device": self.device,
                 "produced_by": f"real {self.dist} {self.version} on {self.device}",
             },
         )
