@@ -18,6 +18,7 @@ validate(config, "workflow/schemas/config.schema.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/workloads.smk"
 include: "workflow/rules/simulate.smk"
+include: "workflow/rules/engines.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"

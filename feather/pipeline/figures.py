@@ -297,6 +297,52 @@ def hardware(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}.")
 
 
+@figure("vllm_real_vs_sim")
+def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    """Real engine vs simulator, each relative to its own FCFS: the simulator's fidelity in
+    the quantity the claims are about (the ratio), not in absolute tokens/s."""
+    data = table[table.experiment == "vllm"].copy()
+    data["source"] = data["produced_by"]
+    baseline = (
+        data[data.scheduler == "fcfs"].groupby("source")["output_tok_s"].median().rename("base")
+    )
+    data = data.join(baseline, on="source")
+    data["relative"] = data["output_tok_s"] / data["base"]
+    order = sorted(data.scheduler.unique(), key=lambda s: (s != "fcfs", s))
+    sources = sorted(data.source.unique(), key=lambda s: (not s.startswith("real"), s))
+    fig, axes = plt.subplots(1, 2, figsize=(13.0, 4.4))
+    for ax, column, label in (
+        (axes[0], "relative", "output throughput / FCFS (same engine)"),
+        (axes[1], "prefix_cache_hit_rate", "prefix-cache hit rate (fraction of prompt tokens)"),
+    ):
+        sns.barplot(
+            data=data,
+            x="scheduler",
+            y=column,
+            hue="source",
+            order=order,
+            hue_order=sources,
+            estimator="median",
+            errorbar=("pi", 100),
+            ax=ax,
+        )
+        ax.set(xlabel="scheduler", ylabel=label)
+        ax.tick_params(axis="x", rotation=30)
+        ax.get_legend().remove()
+    axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="produced by", loc="center right")
+    fig.suptitle(meta["title"])
+    real = data[data.source.str.startswith("real")]
+    workloads = ", ".join(sorted(real.workload.dropna().map(lambda w: Path(str(w)).stem).unique()))
+    _save(
+        fig,
+        out,
+        f"Claim {meta['claim']} - paper: {meta['paper']}. Bars: median over repeats (real) or "
+        f"seeds (simulator), whiskers: min-max. Real runs: {workloads or 'none'}.",
+    )
+
+
 @figure("rl_policies")
 def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))

@@ -67,6 +67,18 @@ def headline(table: pd.DataFrame, experiment: str) -> list[str]:
             ours = _mean(part[part.kernel == "paged"], scheduler="feather-static")
             pat = _mean(part[part.kernel == "pat"], scheduler="fcfs")
             lines.append(f"{hw}: feather-static + paged / fcfs + pat = {_fmt(_ratio(ours, pat))}x")
+        elif experiment == "vllm":
+            for source, src in part.groupby("produced_by"):
+                medians = src.groupby("scheduler")["output_tok_s"].median()
+                hits = src.groupby("scheduler")["prefix_cache_hit_rate"].median()
+                if "fcfs" not in medians:
+                    continue
+                lines += [
+                    f"{source}: {name} / FCFS = {_fmt(_ratio(value, medians['fcfs']))}x "
+                    f"(prefix-cache hit {_fmt(hits[name])})"
+                    for name, value in medians.items()
+                    if name != "fcfs"
+                ]
         elif experiment == "load":
             for scheduler, s in part.groupby("scheduler"):
                 lines.append(

@@ -2,13 +2,15 @@
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
 
 from feather.models import get_model, model_names
 from feather.pipeline.experiments import load_all
-from feather.pipeline.engines import EngineUnavailableError, select_engines
+from feather.pipeline.engines import ENGINES as ENGINE_TABLE
+from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
 from feather.pipeline.gpu import attached_gpus
 from feather.policies import UnknownSchedulerError, resolve_scheduler
 from feather.sim.hardware import get_hardware, hardware_names
@@ -89,8 +91,16 @@ def _available_data():
     return available
 
 
+def _machine_label(engine, gpus):
+    """results/<label>/<engine>/...: "cpu" for a CPU build, else the first GPU's name."""
+    build = installed_build(ENGINE_TABLE[engine])
+    if build is None or not build[1]:
+        return "cpu"
+    return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-")
+
+
 def _engines_here():
-    """The configured engines that run on this machine (GPU engines need a GPU)."""
+    """The configured engines that run on this machine, and the machine's label for each."""
     gpus = attached_gpus()
     try:
         runnable, skipped = select_engines(config["engines"], gpus, config.get("require_gpu", False))
@@ -99,17 +109,18 @@ def _engines_here():
     for reason in skipped:
         note(f"{reason}: its runs are skipped (set require_gpu: true to make this an error)")
     note(f"GPUs: {', '.join(gpus) or 'none'}; engines that run here: {', '.join(runnable) or 'none'}")
-    return runnable
+    return {e: _machine_label(e, gpus) for e in runnable if ENGINE_TABLE[e].builds}, runnable
 
 
 _check_config()
 LEVAL_DIR = _leval_dir()
-ENGINES_HERE = _engines_here()
+ENGINE_HOSTS, ENGINES_HERE = _engines_here()
 EXPERIMENTS = load_all(REPO / config.get("experiments_dir", "experiments"),
-                       config["experiments"], config, _available_data())
+                       config["experiments"], config, _available_data(), ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
 LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
+ENGINE_BATCHES = [b for exp in EXPERIMENTS.values() for b in exp.engine_batches]
 for _exp in EXPERIMENTS.values():
     for _reason in _exp.skipped:
         note(f"experiment {_exp.name}: skipped runs on {_reason}")
@@ -120,7 +131,8 @@ def run_of(wildcards):
 
 
 def summary_paths():
-    return [f"{out}/summary.json" for out in RUNS]
+    engine_runs = [d for batch in ENGINE_BATCHES for d in batch.run_dirs()]
+    return [f"{out}/summary.json" for out in [*RUNS, *engine_runs]]
 
 
 def rl_reports():
@@ -132,7 +144,8 @@ def rl_reports():
 
 
 def figure_names():
-    return [exp.figure for exp in EXPERIMENTS.values() if exp.runs or exp.training]
+    return [exp.figure for exp in EXPERIMENTS.values()
+            if exp.runs or exp.training or exp.engine_batches]
 
 
 def all_targets():
@@ -169,6 +182,18 @@ def report_time_budget(start):
 def slug_options(text):
     """'min=1000-max=2000' -> {'min': '1000', 'max': '2000'} (the slug of an experiment spec)."""
     return dict(part.split("=", 1) for part in text.replace(",", "-").split("-") if "=" in part)
+
+
+def leval_shape_args(options):
+    """Builder flags for the slug keys pergroup, groups, output, order (e.g. pergroup=6)."""
+    flags = {"groups": ["--max-groups"], "output": ["--output"], "order": ["--order"],
+             "pergroup": ["--min-per-group", "--max-per-group"]}
+    unknown = set(options) - set(flags) - {"min", "max"}
+    if unknown:
+        raise ValueError(f"leval workload option(s) {sorted(unknown)}: known min, max, "
+                         f"{', '.join(flags)}")
+    return shlex.join([a for key, names in flags.items() if key in options
+                       for name in names for a in (name, options[key])])
 
 
 def training():

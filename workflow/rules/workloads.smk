@@ -9,6 +9,7 @@ rule leval_workload:
         source=lambda wc: (["--data-dir", LEVAL_DIR] if LEVAL_DIR else []),
         lo=lambda wc: slug_options(wc.options).get("min", "0"),
         hi=lambda wc: slug_options(wc.options).get("max", "1000000000"),
+        shape=lambda wc: leval_shape_args(slug_options(wc.options)),
     log:
         "logs/workloads/leval__{options}__{model}.log",
     wildcard_constraints:
@@ -18,7 +19,7 @@ rule leval_workload:
         "../envs/feather.yaml"
     shell:
         "{params.feather} workload build --source leval {params.source:q} --model {wildcards.model} "
-        "--min-prefix-tokens {params.lo} --max-prefix-tokens {params.hi} "
+        "--min-prefix-tokens {params.lo} --max-prefix-tokens {params.hi} {params.shape} "
         "--raw-dir data/raw --out {output:q} > {log:q} 2>&1"
 
 
