@@ -100,3 +100,9 @@ def test_an_unknown_scheduler_fails_before_the_engine_starts(workload, tmp_path)
     assert done.returncode == 2
     assert "unknown scheduler 'sjf'" in done.stderr
     assert not Path(tmp_path / "o").exists()
+
+
+def test_async_scheduling_on_the_cpu_build_is_refused_before_the_engine_starts(tmp_path) -> None:
+    setup = EngineSetup(model="tiny-llama", async_scheduling=True, model_root=str(tmp_path))
+    with pytest.raises(ValueError, match="async scheduling needs the CUDA build"):
+        VllmSession(setup, max_model_len=4096)

