@@ -14,7 +14,10 @@ order (a decode token, or the next prefill chunk) under the token budget
 is preempted (recompute: its blocks are freed, it waits again). Only if nothing was
 preempted are waiting requests admitted, one candidate at a time from the policy, each
 with its prefix-cache hit (at most prompt - 1 tokens, whole blocks), its prefill chunked to
-the remaining budget, until the budget, `max_num_seqs` or memory stops it. Prefill chunks
+the remaining budget, until the budget, `max_num_seqs` or memory stops it. Memory: a new
+request is admitted only if blocks for its whole prompt are free, though only its first
+chunk is allocated (`reserve_full_prompt`, vLLM's `scheduler_reserve_full_isl`, on by
+default in vLLM 0.32; off, only the first chunk must fit, as in older vLLM). Prefill chunks
 and decodes share one step.
 
 `sglang` (SGLang's event loop): a step is either a prefill batch or a decode batch. If
@@ -63,6 +66,7 @@ class EngineConfig:
     chunked_prefill_size: int = 8192
     new_token_ratio: float = 0.7
     overlap_scheduling: bool = False
+    reserve_full_prompt: bool = True
     max_steps: int = 5_000_000
 
     def __post_init__(self) -> None:
@@ -175,7 +179,11 @@ class Engine:
         self.cost_fn = cost_fn
         self.sched_cost_fn = sched_cost_fn
         self.record_steps = record_steps
-        self.pool = BlockPool(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # vLLM's BlockPool keeps block 0 as its null block, never allocated
+        usable = config.num_blocks - 1 if config.mode == "vllm" else config.num_blocks
+        if usable < 1:
+            raise ValueError(f"num_blocks {config.num_blocks} leaves no usable block")
+        self.pool = BlockPool(usable, config.block_size, config.enable_prefix_caching)
         self.requests = [SimRequest(r, config.block_size) for r in requests]
         self.by_id = {r.id: r for r in self.requests}
         if len(self.by_id) != len(self.requests):
@@ -183,14 +191,16 @@ class Engine:
         too_big = [
             r.id
             for r in self.requests
-            if -(-(r.prompt_len + r.output_len) // config.block_size) > config.num_blocks
+            if -(-(r.prompt_len + r.output_len) // config.block_size) > usable
         ]
         if too_big:
             raise ValueError(
                 f"{len(too_big)} request(s) need more KV blocks than the whole pool holds "
-                f"({config.num_blocks} blocks), e.g. {too_big[0]!r}"
+                f"({usable} usable blocks), e.g. {too_big[0]!r}"
             )
-        self.pending = sorted(self.requests, key=lambda r: (r.arrival_s, r.id))
+        # arrival order, ties in workload order (the order FCFS must keep; sorting ties by
+        # id would regroup an interleaved or shuffled workload whose ids name their groups)
+        self.pending = sorted(self.requests, key=lambda r: r.arrival_s)
         self._next_arrival = 0
         self.running: list[SimRequest] = []
         self.waiting: set[str] = set()
@@ -267,6 +277,11 @@ class Engine:
                 if victim is req:
                     break
             else:
+                # vLLM caches a chunk's full blocks when it allocates them, so a request
+                # admitted later in this step already hits them
+                pool.cache_full_blocks(
+                    req.id, req.block_hashes(cfg.block_size), req.num_computed + n_new
+                )
                 scheduled[req.id] = n_new
                 budget -= n_new
                 i += 1
@@ -294,7 +309,12 @@ class Engine:
                 req = self.by_id[rid]
                 hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
                 n_new = min(req.num_tokens - len(hit) * cfg.block_size, budget)
-                if not pool.allocate(req.id, len(hit) * cfg.block_size + n_new, hit):
+                whole_prompt_fits = not cfg.reserve_full_prompt or (
+                    pool.blocks_needed(req.id, req.num_tokens, hit) <= pool.num_free
+                )
+                if not whole_prompt_fits or not pool.allocate(
+                    req.id, len(hit) * cfg.block_size + n_new, hit
+                ):
                     timed(policy.refused, rid)
                     break
                 timed(policy.admitted, rid)

@@ -93,9 +93,21 @@ def _shared_depth_blocks(batch: BatchStep) -> int:
     return lo
 
 
-def make_policy(spec: SimulationSpec, workload: Workload):
+def make_policy(spec: SimulationSpec, workload: Workload, num_blocks: int):
+    """The policy as the engine configures it. In vllm mode, as our vLLM scheduler class
+    does: radix ports match whole blocks and mirror a cache of the pool's size (checked
+    step by step against the real vLLM scheduler in tests/test_sim_matches_vllm.py)."""
+    engine_facts = (
+        {"page_size": spec.block_size, "cache_capacity_tokens": num_blocks * spec.block_size}
+        if spec.engine_mode == "vllm"
+        else {}
+    )
     policy = create_engine_policy(
-        spec.scheduler, spec.scheduler_params, block_size=spec.block_size, seed=spec.seed
+        spec.scheduler,
+        spec.scheduler_params,
+        block_size=spec.block_size,
+        seed=spec.seed,
+        **engine_facts,
     )
     if hasattr(policy, "bind_workload"):
         policy.bind_workload(workload.requests)
@@ -142,7 +154,7 @@ def simulate(
         SchedulingCostModel.default() if spec.sched_time == "model" else SchedulingCostModel.zero()
     )
     if policy is None:
-        policy = make_policy(spec, workload)
+        policy = make_policy(spec, workload, num_blocks)
     elif hasattr(policy, "bind_workload"):
         policy.bind_workload(workload.requests)
     engine = Engine(
