@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from feather.models import get_model, model_names
+from feather.pipeline.code_digest import run_code_digest, workload_code_digest
 from feather.pipeline.experiments import load_all
 from feather.pipeline.engines import ENGINES as ENGINE_TABLE
 from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
@@ -33,6 +34,9 @@ def _feather_command():
 
 
 FEATHER = _feather_command()
+# Job params, so a change to the code that made a result reruns it (see code_digest.py).
+RUN_CODE = run_code_digest()
+WORKLOAD_CODE = workload_code_digest()
 
 
 def _fail(message):

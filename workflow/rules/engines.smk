@@ -12,6 +12,7 @@ for _batch in ENGINE_BATCHES:
             [f"{d}/summary.json" for d in _batch.run_dirs()],
         params:
             feather=FEATHER,
+            code=RUN_CODE,
             args=shlex.join(_batch.cli_args()),
             out=lambda wc, output: str(Path(output[0]).parent.parent),
         log:

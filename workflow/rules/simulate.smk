@@ -11,6 +11,7 @@ rule simulate:
         summary="results/{hardware}/sim/{experiment}/{run}/summary.json",
     params:
         feather=FEATHER,
+        code=RUN_CODE,
         args=lambda wc: shlex.join(run_of(wc).cli_args() + profile_args()),
         out=lambda wc, output: str(Path(output.summary).parent),
     log:

@@ -7,6 +7,7 @@ rule train_learner:
         report="results/{hardware}/sim/rl/{learner}/report.json",
     params:
         feather=FEATHER,
+        code=RUN_CODE,
         args=lambda wc: shlex.join(
             [arg for w in training()["train_workloads"] for arg in ("--train-workload", w)]
             + ["--train-seeds", ",".join(map(str, training()["train_seeds"]))]

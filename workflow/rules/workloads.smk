@@ -6,6 +6,7 @@ rule leval_workload:
         "data/workloads/leval__{options}__{model}.parquet",
     params:
         feather=FEATHER,
+        code=WORKLOAD_CODE,
         source=lambda wc: (["--data-dir", LEVAL_DIR] if LEVAL_DIR else []),
         lo=lambda wc: slug_options(wc.options).get("min", "0"),
         hi=lambda wc: slug_options(wc.options).get("max", "1000000000"),
@@ -46,6 +47,7 @@ rule longbench_format_workload:
         "data/workloads/longbench-format__{options}__{model}.parquet",
     params:
         feather=FEATHER,
+        code=WORKLOAD_CODE,
         folder=lambda wc, input: str(Path(input[0]).parent),
     log:
         "logs/workloads/longbench-format__{options}__{model}.log",
