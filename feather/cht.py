@@ -122,7 +122,7 @@ class _Node:
         self.sub: tuple[int, int, _Request] | None = None  # best (n, seq) waiting in subtree
         self.sub_stamp = 0
         self.att: tuple[int, int, _Request] | None = None  # best (missing, seq) attached here
-        self.att_stamp = 0
+        self.att_stamp = 0  # changes whenever att does: stamps its one live entry in _attached
 
     def hash_at(self, depth: int) -> Hashable:
         return self.ref[depth - self.offset]
@@ -429,7 +429,12 @@ class ChunkedHashTree:
                 leaving.append(x)
             x = x.parent
         for node in leaving:  # outside the set now: their subtrees hang from their parents
+            # No entry is pushed with stamp 0, so this kills the node's entry in _attached for
+            # good. Keeping the old stamp would revive that entry (a request that may be gone or
+            # active) if the node re-enters with nothing attached: _refresh_att then finds
+            # None == att, pushes nothing, and the dead entry hides every live one behind it.
             node.att = None
+            node.att_stamp = 0
             if node.sub is not None:
                 parent = node.parent
                 heapq.heappush(parent.kids_out, self._kid_entry(node))

@@ -169,6 +169,42 @@ class CHTMachine(RuleBasedStateMachine):
         visit(self.tree._root, True)
 
     @invariant()
+    def lazy_heap_entries_that_look_live_are_current(self) -> None:
+        """An entry the tree would take as live carries its owner's current key, and every
+        owner that has a key has such an entry: a stale entry can neither come back to life
+        nor hide the live ones, even while it is not at the top of its heap."""
+        tree = self.tree
+        nodes, stack = [], [tree._root]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(node.children.values())
+        for node in nodes:
+            own = {e[2].seq for e in node.own if e[2].state == 0 and e[2].epoch == e[1]}
+            assert own == {r.seq for r in node.ends.values() if r.state == 0}
+            for heap, outside_only in ((node.kids_all, False), (node.kids_out, True)):
+                live = set()
+                for n, seq, stamp, child in heap:
+                    if child.alive and child.parent is node and child.sub_stamp == stamp:
+                        if outside_only and child.n_active:
+                            continue
+                        assert child.sub is not None and child.sub[:2] == (n, seq)
+                        live.add(id(child))
+                expected = {
+                    id(c)
+                    for c in node.children.values()
+                    if c.sub is not None and not (outside_only and c.n_active)
+                }
+                assert live == expected
+        live = set()
+        for missing, seq, stamp, node in tree._attached:
+            if node.alive and node.n_active and node.att_stamp == stamp:
+                assert node.att is not None and node.att[:2] == (missing, seq)
+                live.add(id(node))
+        expected = {id(n) for n in nodes if n.parent is not None and n.n_active and n.att}
+        assert live == expected
+
+    @invariant()
     def queries_match_reference(self) -> None:
         assert self.tree.best() == self.ref.best()
         assert self.tree.best_sharing() == self.ref.best(sharing_only=True)
@@ -251,6 +287,33 @@ def test_missing_counts_rise_when_a_deeper_holder_finishes() -> None:
     assert tree.missing("b") == 3
     assert tree.best() == ("c", 1)
     assert tree.best_sharing() == ("c", 1)
+
+
+def test_best_survives_a_node_rejoining_the_working_set_with_nothing_attached() -> None:
+    """A node that left the working set and came back with no request attached revived its
+    old entry in the heap of attached requests, and that dead entry hid the live ones."""
+    tree = ChunkedHashTree(chunk_size=2)
+    ref = Reference(2)
+
+    def add(rid: int, tokens: list[int]) -> None:
+        tree.add_waiting(rid, tokens)
+        ref.add(rid, tokens)
+
+    add(0, [1, 1, 2, 2])
+    add(1, [1, 1, 2, 2])
+    tree.admit(0)  # node [1 1 2 2] joins the working set, request 1 attached at it
+    ref.active.add(0)
+    assert tree.best() == ref.best() == (1, 0)
+    tree.finish(0)  # the node leaves the working set
+    ref.active.discard(0)
+    del ref.chunks[0]
+    tree.admit(1)  # ... and comes back with nothing attached
+    ref.active.add(1)
+    assert tree.best() == ref.best() is None
+    add(2, [1, 1, 3, 3])  # shares the first chunk: attached at the new head node
+    assert ref.best() == ref.best(sharing_only=True) == (2, 1)
+    assert tree.best() == ref.best()
+    assert tree.best_sharing() == ref.best(sharing_only=True)
 
 
 def test_lazy_heaps_do_not_grow_with_finished_requests() -> None:
