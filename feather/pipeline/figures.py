@@ -313,7 +313,7 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     fig, axes = plt.subplots(1, 2, figsize=(13.0, 4.4))
     for ax, column, label in (
         (axes[0], "relative", "output throughput / FCFS (same engine)"),
-        (axes[1], "prefix_cache_hit_rate", "prefix-cache hit rate (fraction of prompt tokens)"),
+        (axes[1], "prefix_cache_hit_rate", "prefix-cache hits / prompt tokens"),
     ):
         sns.barplot(
             data=data,
@@ -331,7 +331,8 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
         ax.get_legend().remove()
     axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, title="produced by", loc="center right")
+    axes[1].set_ylim(0, 1.4)  # a fraction, with room above the bars for the legend
+    axes[1].legend(handles, labels, title="produced by", loc="upper right", fontsize=8)
     fig.suptitle(meta["title"])
     real = data[data.source.str.startswith("real")]
     workloads = ", ".join(sorted(real.workload.dropna().map(lambda w: Path(str(w)).stem).unique()))
