@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vllm_harness import answer, make_request, make_scheduler
 
-from feather.policies import create_engine_policy
+from feather.policies import create_vllm_policy
 from feather.sim.engine import Engine, EngineConfig
 from feather.sim.sched_cost import SchedulingCostModel
 from feather.workloads import load_workload
@@ -30,9 +30,7 @@ Steps = list[tuple[tuple[str, ...], int]]  # per step: requests admitted, their 
 
 def policy_for(name: str, num_blocks: int):
     """Configured as our vLLM scheduler class and the simulator's vllm mode configure it."""
-    return create_engine_policy(
-        name, block_size=BLOCK, page_size=BLOCK, cache_capacity_tokens=num_blocks * BLOCK
-    )
+    return create_vllm_policy(name, block_size=BLOCK, cache_capacity_tokens=num_blocks * BLOCK)
 
 
 def real_vllm(tmp: Path, workload, policy: str, **limits) -> Steps:

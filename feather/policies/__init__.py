@@ -15,6 +15,7 @@ from feather.policies.registry import (
     UnknownSchedulerError,
     create_engine_policy,
     create_scheduler,
+    create_vllm_policy,
     resolve_scheduler,
     scheduler_names,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "UnknownSchedulerError",
     "create_engine_policy",
     "create_scheduler",
+    "create_vllm_policy",
     "resolve_scheduler",
     "scheduler_names",
 ]

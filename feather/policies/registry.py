@@ -105,3 +105,24 @@ def create_engine_policy(
         params.setdefault("cache_capacity_tokens", cache_capacity_tokens)
     params.setdefault("seed", seed)
     return create_scheduler(name, **params)
+
+
+def create_vllm_policy(
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    block_size: int,
+    cache_capacity_tokens: int | None,
+    seed: int = 0,
+) -> AdmissionPolicy:
+    """A policy as our vLLM scheduler class configures it (and the simulator's vllm mode,
+    which must match it): chunks and radix pages are vLLM's blocks, and the radix ports
+    mirror a cache of the KV pool's size."""
+    return create_engine_policy(
+        name,
+        params,
+        block_size=block_size,
+        seed=seed,
+        page_size=block_size,
+        cache_capacity_tokens=cache_capacity_tokens,
+    )

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from feather.metrics import latency_summary
 from feather.models import get_model
-from feather.policies import AdmissionPolicy, create_engine_policy
+from feather.policies import AdmissionPolicy, create_engine_policy, create_vllm_policy
 from feather.provenance import collect_provenance
 from feather.rundir import write_run_dir
 from feather.sim.batch import BatchStep
@@ -97,18 +97,18 @@ def make_policy(spec: SimulationSpec, workload: Workload, num_blocks: int):
     """The policy as the engine configures it. In vllm mode, as our vLLM scheduler class
     does: radix ports match whole blocks and mirror a cache of the pool's size (checked
     step by step against the real vLLM scheduler in tests/test_sim_matches_vllm.py)."""
-    engine_facts = (
-        {"page_size": spec.block_size, "cache_capacity_tokens": num_blocks * spec.block_size}
-        if spec.engine_mode == "vllm"
-        else {}
-    )
-    policy = create_engine_policy(
-        spec.scheduler,
-        spec.scheduler_params,
-        block_size=spec.block_size,
-        seed=spec.seed,
-        **engine_facts,
-    )
+    if spec.engine_mode == "vllm":
+        policy = create_vllm_policy(
+            spec.scheduler,
+            spec.scheduler_params,
+            block_size=spec.block_size,
+            cache_capacity_tokens=num_blocks * spec.block_size,
+            seed=spec.seed,
+        )
+    else:
+        policy = create_engine_policy(
+            spec.scheduler, spec.scheduler_params, block_size=spec.block_size, seed=spec.seed
+        )
     if hasattr(policy, "bind_workload"):
         policy.bind_workload(workload.requests)
     return policy

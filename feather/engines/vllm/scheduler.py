@@ -31,7 +31,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from feather.engines.vllm.queue import PolicyWaitingQueue
-from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_engine_policy
+from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_vllm_policy
 from feather.policies.base import Action
 
 NATIVE_FCFS = "fcfs"  # vLLM's own queue: the baseline, untouched
@@ -160,13 +160,12 @@ class _FeatherSchedulingMixin:
             self.waiting = self._native_waiting
             return
         num_blocks = self.cache_config.num_gpu_blocks
-        self.policy = create_engine_policy(
+        self.policy = create_vllm_policy(
             scheduler,
             params,
             block_size=self.hash_block_size,
-            seed=seed,
-            page_size=self.hash_block_size,
             cache_capacity_tokens=num_blocks * self.block_size if num_blocks else None,
+            seed=seed,
         )
         self._policy_queue = PolicyWaitingQueue(self.policy, self._step_context)
         self.waiting = self._policy_queue
