@@ -78,6 +78,33 @@ def _cmd_bench_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_kernels(args: argparse.Namespace) -> int:
+    from feather.atomic import write_json_atomic
+    from feather.bench import kernels
+
+    doc = kernels.run(
+        sweep_name="full" if args.full else "quick" if args.quick else "default",
+        benchmarks=tuple(args.benchmarks.split(",")) if args.benchmarks else None,
+        repeats=args.repeats,
+        device=args.device,
+        implementations=tuple(args.implementations.split(",")) if args.implementations else None,
+        dtype=args.dtype,
+        seed=args.seed,
+        threads=args.threads,
+        progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    if args.out:
+        write_json_atomic(args.out, doc)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"decode kernels on {doc['device_name']}; scale: {doc['scale']}")
+        print(kernels.format_table(doc["rows"]))
+        print(kernels.format_summary(doc["summary"]))
+        print(f"wall {doc['wall_s']:.1f} s" + (f"; JSON: {args.out}" if args.out else ""))
+    return 0 if all(r["check_ok"] for r in doc["rows"]) else 1
+
+
 def _cmd_schedulers(args: argparse.Namespace) -> int:
     from feather.policies import resolve_scheduler, scheduler_names
 
@@ -433,6 +460,29 @@ def build_parser() -> argparse.ArgumentParser:
     bsim.add_argument("--json", action="store_true")
     bsim.add_argument("--quiet", action="store_true")
     bsim.set_defaults(func=_cmd_bench_sim)
+    bkern = benches.add_parser(
+        "kernels", help="decode attention: paged vs cascade vs pat, timed (C1, C2, C7)"
+    )
+    size = bkern.add_mutually_exclusive_group()
+    size.add_argument("--full", action="store_true", help="the paper's shapes (for a GPU)")
+    size.add_argument("--quick", action="store_true", help="tiny shapes: a logic check")
+    bkern.add_argument("--benchmarks", help="comma-separated subset of c1,c2,prefix,c7")
+    bkern.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    bkern.add_argument(
+        "--implementations", help="torch,triton (default: torch on cpu, both on cuda)"
+    )
+    bkern.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="default float32 on cpu, bfloat16 on cuda",
+    )
+    bkern.add_argument("--repeats", type=int, help="timed repeats per kernel and batch")
+    bkern.add_argument("--seed", type=int, default=0)
+    bkern.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    bkern.add_argument("--out", help="write the JSON document here (atomically)")
+    bkern.add_argument("--json", action="store_true", help="print the JSON document")
+    bkern.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    bkern.set_defaults(func=_cmd_bench_kernels)
 
     workload = commands.add_parser("workload", help="build and inspect workloads")
     workloads = workload.add_subparsers(dest="workload", required=True)
