@@ -1,8 +1,15 @@
 """Where a number came from: the one provenance record every runner writes.
 
 git revision (and whether the tree had uncommitted changes), package versions, host CPU and
-memory, Python, a hash of the configuration, the seed, the command line and the times.
-Later runners add their engine's facts through `extra`; they never build their own record.
+memory, the GPUs, driver and CUDA (NVML, torch.cuda; absent ones say why), Python, the
+environment variables that change engines' behaviour, a hash of the configuration, the seed,
+the command line and the times. Runners add their engine's facts through `extra`; they never
+build their own record. Every record has an `engine` entry with at least `name`, `version`,
+`attention_backend` and `block_size` (None where the runner did not say), and a
+`policy_file` entry (path and SHA-256 of a frozen learned policy, or None).
+
+The config hash covers the config only: the environment, the host and the times are recorded
+beside it, so equal configs hash equal wherever and whenever they run.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import feather
+from feather.telemetry.devices import gpu_facts
 
 # Distributions whose versions change results; absent ones are recorded as None.
 TRACKED_PACKAGES = (
@@ -38,7 +46,29 @@ TRACKED_PACKAGES = (
     "datasets",
     "transformers",
     "nvidia-ml-py",
+    "flashinfer-python",
+    "sgl-kernel",
 )
+
+# Environment variables whose prefix marks them as changing an engine's or a library's
+# behaviour; names with any of the SECRET_MARKS are withheld (named, value not recorded).
+ENV_PREFIXES = (
+    "VLLM_",
+    "SGLANG_",
+    "OMP_",
+    "CUDA_",
+    "TRITON_",
+    "KMP_",
+    "MKL_",
+    "NCCL_",
+    "PYTORCH_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "FLASHINFER_",
+    "FEATHER_",
+)
+SECRET_MARKS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+ENGINE_FIELDS = ("name", "version", "attention_backend", "block_size")
 
 
 def _canonical(value: Any) -> Any:
@@ -120,6 +150,30 @@ def host_facts() -> dict[str, Any]:
     }
 
 
+def behaviour_environment(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The behaviour-changing variables set for this run, secrets withheld by name."""
+    env = os.environ if environ is None else environ
+    chosen = sorted(name for name in env if name.upper().startswith(ENV_PREFIXES))
+    withheld = [n for n in chosen if any(mark in n.upper() for mark in SECRET_MARKS)]
+    return {
+        "prefixes": list(ENV_PREFIXES),
+        "variables": {n: env[n] for n in chosen if n not in withheld},
+        "withheld": withheld,
+    }
+
+
+def _policy_file(extra: dict[str, Any]) -> dict[str, Any] | None:
+    """The frozen policy file a run loaded, as the policy itself hashed it on loading."""
+    params = (extra.get("policy") or {}).get("params") or {}
+    if not params.get("policy_file"):
+        return None
+    return {
+        "path": str(params["policy_file"]),
+        "sha256": params.get("policy_file_sha256"),
+        "frozen": params.get("frozen"),
+    }
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
@@ -133,11 +187,14 @@ def collect_provenance(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The provenance record of a run (JSON-serialisable)."""
+    extra = dict(extra or {})
     record: dict[str, Any] = {
         "feather_version": feather.__version__,
         "git": git_state(),
         "packages": package_versions(),
         "host": host_facts(),
+        "gpus": gpu_facts(),
+        "environment": behaviour_environment(),
         "python": {
             "version": platform.python_version(),
             "implementation": platform.python_implementation(),
@@ -149,10 +206,11 @@ def collect_provenance(
         "command": list(sys.argv if command is None else command),
         "started_utc": started_utc or _now(),
         "finished_utc": _now(),
+        "policy_file": _policy_file(extra),
     }
-    if extra:
-        overlap = set(extra) & set(record)
-        if overlap:
-            raise ValueError(f"provenance extra keys {sorted(overlap)} would overwrite core fields")
-        record.update(extra)
+    overlap = set(extra) & set(record)
+    if overlap:
+        raise ValueError(f"provenance extra keys {sorted(overlap)} would overwrite core fields")
+    record.update(extra)
+    record["engine"] = {**dict.fromkeys(ENGINE_FIELDS), **(extra.get("engine") or {})}
     return record

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,56 @@ def test_timer_counts_cpu_not_sleep_and_nests_once() -> None:
     assert summary["cpu_s"] == pytest.approx(first.cpu_s)
 
 
+def _spin(iterations: int) -> int:
+    """A known busy loop: pure Python arithmetic, no sleeping, no allocation to speak of."""
+    total = 0
+    for i in range(iterations):
+        total += i * i % 7
+    return total
+
+
+def test_timer_cpu_time_matches_a_measured_busy_loop() -> None:
+    iterations = 400_000
+    _spin(iterations)  # warm up
+    # reference: the same loop timed directly with the thread's CPU clock, best of three
+    reference = []
+    for _ in range(3):
+        start = time.thread_time()
+        _spin(iterations)
+        reference.append(time.thread_time() - start)
+    timer = SchedulingTimer()
+    measured = []
+    for _ in range(3):
+        with timer.measure():
+            _spin(iterations)
+        measured.append(timer.end_step().cpu_s)
+    ratio = min(measured) / min(reference)
+    assert 0.7 < ratio < 1.4, (measured, reference)
+    assert timer.summary()["cpu_s"] == pytest.approx(sum(measured))
+    assert all(step.wall_s >= 0.9 * step.cpu_s for step in timer.steps)  # one thread: wall >= CPU
+
+
+def test_timer_does_not_count_other_threads_cpu() -> None:
+    stop = threading.Event()
+
+    def spin_elsewhere() -> None:
+        while not stop.is_set():
+            _spin(1_000)
+
+    other = threading.Thread(target=spin_elsewhere)
+    other.start()
+    timer = SchedulingTimer()
+    try:
+        with timer.measure():
+            time.sleep(0.1)  # the engine's other thread burns CPU meanwhile
+    finally:
+        stop.set()
+        other.join()
+    step = timer.end_step()
+    assert step.wall_s >= 0.1
+    assert step.cpu_s < 0.2 * step.wall_s  # process-wide CPU time would be ~wall_s here
+
+
 def test_config_hash_is_stable_and_sensitive() -> None:
     a = {"scheduler": "feather-static", "params": {"min_batch": 8, "path": Path("x")}}
     b = {"params": {"path": Path("x"), "min_batch": 8}, "scheduler": "feather-static"}
@@ -58,7 +109,12 @@ def test_provenance_record_names_what_produced_a_result() -> None:
     assert record["config_hash"] == config_hash({"seed": 3})
     assert record["packages"]["feather"] == record["feather_version"]
     assert record["host"]["cpu_count"] >= 1 and record["python"]["version"].startswith("3.")
-    assert record["engine"] == {"name": "sim"}
+    assert record["engine"] == {
+        "name": "sim",
+        "version": None,  # not stated by this caller: present, and empty
+        "attention_backend": None,
+        "block_size": None,
+    }
     head = subprocess.run(
         ["git", "rev-parse", "HEAD"],
         capture_output=True,

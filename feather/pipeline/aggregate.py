@@ -4,7 +4,8 @@ A run directory, ours or one a user's own rule wrote, is valid when its `summary
 the metrics below and a provenance record naming the config, seed and hardware; anything
 else is rejected with the file and the missing fields named, before any table is written.
 Hardware comes from provenance (the simulated profile for simulator runs, the real device
-otherwise), never from the directory name.
+otherwise), never from the directory name; figures comparing hardware read the `hardware`
+column. Fields older summaries lack (GPU facts, NVML) are empty cells, not errors.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from feather.atomic import atomic_target
+from feather.telemetry.devices import device_name
 
 REQUIRED_METRICS = ("requests", "output_tok_s", "makespan_s", "ttft_s", "tpot_s")
 REQUIRED_PROVENANCE = ("config", "config_hash", "seed", "git", "packages", "host")
@@ -25,15 +27,56 @@ class InvalidRunError(ValueError):
     """A run directory whose summary cannot be trusted or used."""
 
 
-def _hardware_of(provenance: dict[str, Any]) -> tuple[str, str]:
-    """(hardware name, what produced the number) from a run's provenance."""
+# the NVML means the table carries (per run: the mean over its GPUs of each GPU's mean)
+NVML_COLUMNS = ("sm_util_pct", "mem_util_pct", "gpm_dram_bw_util_pct", "power_w")
+
+
+def _hardware_of(provenance: dict[str, Any]) -> tuple[str, str, str]:
+    """(hardware name, what produced the number, kind) from a run's provenance; kind is
+    "simulated", "gpu" or "cpu"."""
     if "simulated_hardware" in provenance:
         name = provenance["simulated_hardware"]["name"]
-        return name, f"simulator ({name} profile)"
-    device = (provenance.get("gpu") or {}).get("name") or provenance.get("device")
-    engine = (provenance.get("engine") or {}).get("name", "engine")
-    name = str(device) if device else "cpu"
-    return name, provenance.get("produced_by") or f"{engine} on {device or 'CPU'}"
+        return name, f"simulator ({name} profile)", "simulated"
+    engine = (provenance.get("engine") or {}).get("name") or "engine"
+    on_cpu = provenance.get("device") == "cpu"
+    gpu = None if on_cpu else device_name(provenance.get("gpus") or {})
+    gpu = gpu or (provenance.get("gpu") or {}).get("name")
+    name = str(gpu) if gpu else "cpu"
+    producer = provenance.get("produced_by") or f"{engine} on {gpu or 'CPU'}"
+    return name, producer, "gpu" if gpu else "cpu"
+
+
+def _nvml_columns(nvml: dict[str, Any] | None) -> dict[str, Any]:
+    """nvml_available and the mean of each key counter over the run (None where absent)."""
+    columns: dict[str, Any] = {"nvml_available": None if nvml is None else nvml.get("available")}
+    gpus = (nvml or {}).get("gpus") or []
+    for metric in NVML_COLUMNS:
+        means = [
+            g["metrics"][metric]["mean"]
+            for g in gpus
+            if (g.get("metrics") or {}).get(metric, {}).get("mean") is not None
+        ]
+        columns[f"nvml_{metric}_mean"] = sum(means) / len(means) if means else None
+    return columns
+
+
+def _environment_columns(provenance: dict[str, Any]) -> dict[str, Any]:
+    """Engine, GPU stack and frozen policy of a run, flat (None where not recorded)."""
+    engine = provenance.get("engine") or {}
+    nvml = (provenance.get("gpus") or {}).get("nvml") or {}
+    torch_cuda = (provenance.get("gpus") or {}).get("torch_cuda") or {}
+    packages = provenance.get("packages") or {}
+    return {
+        "engine_name": engine.get("name"),
+        "engine_version": engine.get("version"),
+        "attention_backend": engine.get("attention_backend"),
+        "block_size": engine.get("block_size"),
+        "gpu_driver": nvml.get("driver_version"),
+        "cuda_driver_version": nvml.get("cuda_driver_version"),
+        "torch_cuda_build": torch_cuda.get("torch_cuda_build"),
+        "torch_version": packages.get("torch"),
+        "policy_file_sha256": (provenance.get("policy_file") or {}).get("sha256"),
+    }
 
 
 def summary_row(path: Path) -> dict[str, Any]:
@@ -53,14 +96,16 @@ def summary_row(path: Path) -> dict[str, Any]:
     if len(parts) < 5 or parts[-5] != "results":
         raise InvalidRunError(f"{path}: not in results/<hardware>/<engine>/<experiment>/<run>/")
     config = provenance["config"] or {}
-    hardware, producer = _hardware_of(provenance)
+    hardware, producer, hardware_kind = _hardware_of(provenance)
     policy = provenance.get("policy") or {}
     return {
         "hardware": hardware,
+        "hardware_kind": hardware_kind,
         "engine": parts[-3],
         "experiment": parts[-2],
         "run": parts[-1],
         "produced_by": producer,
+        **_environment_columns(provenance),
         "scheduler": config.get("scheduler_label") or policy.get("name") or config.get("scheduler"),
         "scheduler_class": config.get("scheduler"),
         "params": json.dumps(config.get("scheduler_params", {}), sort_keys=True),
@@ -90,6 +135,7 @@ def summary_row(path: Path) -> dict[str, Any]:
         "sched_cpu_s_measured": summary.get("sched_cpu_s_measured"),
         "fraction_of_oracle": summary.get("fraction_of_oracle"),
         "wall_s": summary.get("wall_s"),
+        **_nvml_columns(summary.get("nvml")),
         "git_revision": provenance["git"].get("revision"),
         "git_dirty": provenance["git"].get("dirty"),
         "feather_version": provenance.get("feather_version"),

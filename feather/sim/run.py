@@ -22,6 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
+import feather
 from feather.metrics import latency_summary
 from feather.models import get_model
 from feather.policies import AdmissionPolicy, create_engine_policy, create_vllm_policy
@@ -33,6 +34,7 @@ from feather.sim.engine import Engine, EngineConfig, EngineResult
 from feather.sim.hardware import get_hardware
 from feather.sim.oracle import roofline
 from feather.sim.sched_cost import SchedulingCostModel
+from feather.telemetry import not_applicable
 from feather.workloads import Workload, load_workload
 
 KERNELS = ("paged", "cascade", "pat")
@@ -181,6 +183,7 @@ def simulate(
     summary["oracle"] = oracle.to_json()
     summary["wall_s"] = time.perf_counter() - wall0
     summary["sched_model_fallback_for"] = sorted(sched_model.uncalibrated)
+    summary["nvml"] = not_applicable(f"simulated run ({spec.hardware} profile), no device")
     summary["provenance"] = collect_provenance(
         config=spec.to_json(),
         seed=spec.seed,
@@ -188,6 +191,9 @@ def simulate(
         extra={
             "engine": {
                 "name": "sim",
+                "version": feather.__version__,
+                "attention_backend": f"simulated {spec.kernel} kernel",
+                "block_size": spec.block_size,
                 "mode": spec.engine_mode,
                 "config": asdict(config),
                 "kernel": spec.kernel,
