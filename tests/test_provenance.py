@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -198,3 +200,17 @@ def test_summary_table_reads_hardware_and_telemetry_from_provenance(frozen_run, 
         assert pd.isna(sim[f"nvml_{metric}_mean"])  # a simulated run has no counters
     assert sim.config_hash == summary["provenance"]["config_hash"]
     assert sim.git_revision == summary["provenance"]["git"]["revision"]
+
+
+def test_provenance_needs_only_the_standard_library_and_the_package() -> None:
+    """gpu/ scripts call it on bare GPU boxes, which may have no pyarrow, numpy or pandas."""
+    code = (
+        "import sys\n"
+        "for name in ('pyarrow', 'numpy', 'pandas'):\n"
+        "    sys.modules[name] = None\n"
+        "from feather.provenance import collect_provenance\n"
+        "record = collect_provenance(config={'a': 1})\n"
+        "assert record['gpus']['nvml']['available'] or record['gpus']['nvml']['reason']\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr

@@ -8,6 +8,7 @@ GPU; the real pynvml is used for the path every CPU machine takes (nvmlInit fail
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -143,3 +144,33 @@ def test_missing_library_and_turned_off_sampling_are_recorded(monkeypatch) -> No
         pass
     assert off.record["reason"] == "sampling turned off (FEATHER_NVML_INTERVAL_MS=0)"
     assert fake.served == -1 and fake.initialised == 0  # NVML was not even started
+
+
+def test_the_command_wrapper_samples_around_a_command_and_keeps_its_status(tmp_path) -> None:
+    from feather.telemetry.__main__ import main
+
+    code = "import sys; print('benchmark ran'); sys.exit(3)"
+    status = main(["sample", "--out", str(tmp_path), "--", sys.executable, "-c", code])
+    assert status == 3
+    written = json.loads((tmp_path / "nvml.json").read_text())
+    assert written["returncode"] == 3 and written["command"][-1] == code
+    assert written["provenance"]["command"] == written["command"]
+    assert written["nvml"]["available"] is (tmp_path / NVML_FILE).is_file()
+
+
+def test_without_pyarrow_the_counters_are_still_summarised(tmp_path, monkeypatch) -> None:
+    """A bare GPU box may lack pyarrow: the record keeps the summary and says why no file."""
+    rows = recorded_series()["samples"]
+    fake = ReplayNvml(rows)
+    done = fake.when_served(5)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` now fails
+    with NvmlSampler(tmp_path / NVML_FILE, interval_ms=1, nvml=fake) as sampler:
+        assert done.wait(timeout=20)
+    record = sampler.record
+    assert record["available"] is True and record["file"] is None
+    assert "series not written" in record["file_error"] and "pyarrow" in record["file_error"]
+    assert list(tmp_path.iterdir()) == []
+    served = [rows[i] for i in range(fake.served + 1)]
+    sm = record["gpus"][0]["metrics"]["sm_util_pct"]
+    assert sm["samples"] == len(served)
+    assert sm["mean"] == pytest.approx(statistics.fmean(r["sm_util_pct"] for r in served))

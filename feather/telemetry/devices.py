@@ -11,7 +11,7 @@ import contextlib
 import sys
 from typing import Any
 
-from feather.telemetry.nvml import error_text, load_nvml
+from feather.telemetry.nvml_lib import error_text, load_nvml
 
 
 def _text(value: Any) -> str:

@@ -28,11 +28,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
+from feather.telemetry.nvml_lib import error_text, load_nvml
+from feather.telemetry.series import NVML_FILE, series_table, summarise_rows, write_series
 
-from feather.telemetry.series import NVML_FILE, series_table, summarise, write_series
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 INTERVAL_ENV = "FEATHER_NVML_INTERVAL_MS"
 DEFAULT_INTERVAL_MS = 100.0
@@ -47,24 +49,6 @@ def default_interval_ms() -> float:
 def not_applicable(reason: str) -> dict[str, Any]:
     """The record of a run that has no device to sample (the simulator)."""
     return {"available": False, "applicable": False, "reason": f"not applicable: {reason}"}
-
-
-def error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def load_nvml(module: ModuleType | None = None) -> tuple[ModuleType | None, str | None]:
-    """(NVML initialised, None) or (None, why not). `module`: a pynvml stand-in (tests)."""
-    if module is None:
-        try:
-            import pynvml as module
-        except ImportError as exc:
-            return None, f"nvidia-ml-py is not installed (import pynvml: {exc})"
-    try:
-        module.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
-        return None, error_text(exc)
-    return module, None
 
 
 def _text(value: Any) -> str:
@@ -198,6 +182,8 @@ class NvmlSampler:
         self._started_utc: str | None = None
         self._duration_s = 0.0
         self._written: Path | None = None
+        self.started_monotonic: float | None = None
+        self._write_error: str | None = None
 
     def __enter__(self) -> NvmlSampler:
         self._started_utc = datetime.now(UTC).isoformat(timespec="milliseconds")
@@ -220,6 +206,7 @@ class NvmlSampler:
             self._unavailable = "NVML sees no GPU"
             self._shutdown()
             return self
+        self.started_monotonic = time.monotonic()  # t_s = 0 of the series
         self._thread = threading.Thread(target=self._loop, name="feather-nvml", daemon=True)
         self._thread.start()
         return self
@@ -239,7 +226,10 @@ class NvmlSampler:
             device.close()
         self._shutdown()
         if self.out is not None and self._rows:
-            self._written = write_series(self.out, self.table())
+            try:
+                self._written = write_series(self.out, self.table())
+            except ImportError as exc:  # a bare GPU box without pyarrow: the summary stays
+                self._write_error = f"series not written: {error_text(exc)}"
 
     def _shutdown(self) -> None:
         with contextlib.suppress(Exception):
@@ -247,7 +237,7 @@ class NvmlSampler:
 
     def _loop(self) -> None:
         interval_s = self.interval_ms / 1000.0
-        start = time.monotonic()
+        start = self.started_monotonic
         deadline = start
         try:
             while True:
@@ -277,7 +267,7 @@ class NvmlSampler:
         """What goes into summary.json["nvml"]: availability, devices, per-GPU summary."""
         if self._unavailable is not None:
             return {"available": False, "applicable": True, "reason": self._unavailable}
-        summary = summarise(self.table())
+        summary = summarise_rows(self._rows)
         record: dict[str, Any] = {
             "available": True,
             "applicable": True,
@@ -293,6 +283,8 @@ class NvmlSampler:
         }
         if self._thread_error is not None:
             record["sampler_error"] = self._thread_error
+        if self._write_error is not None:
+            record["file_error"] = self._write_error
         return record
 
 

@@ -3,6 +3,8 @@
 One row per (sample, GPU). Column names carry their units and match the recorded H200
 series in tests/fixtures, so a recording and a live run are read by the same code. A
 value NVML could not give is null, never zero: a missing counter must not read as idle.
+pyarrow is imported only to build or write a table: the summary is plain Python, so a bare
+GPU box without pyarrow still gets its counters summarised.
 """
 
 from __future__ import annotations
@@ -10,13 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from feather.atomic import atomic_target
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 NVML_FILE = "nvml.parquet"
 
@@ -35,10 +36,14 @@ METRICS: dict[str, str] = {
     "gpm_sm_occupancy_pct": "SM occupancy, GPM (Hopper and newer)",
 }
 
-SCHEMA = pa.schema(
-    [pa.field("t_s", pa.float64()), pa.field("gpu", pa.int32())]
-    + [pa.field(name, pa.float64()) for name in METRICS]
-)
+
+def schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [pa.field("t_s", pa.float64()), pa.field("gpu", pa.int32())]
+        + [pa.field(name, pa.float64()) for name in METRICS]
+    )
 
 
 def _number(value: Any) -> float | None:
@@ -50,40 +55,56 @@ def _number(value: Any) -> float | None:
 
 def series_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     """Rows (t_s, gpu, metrics...) as a table of the fixed schema; NaN and absent -> null."""
-    columns: dict[str, list] = {name: [] for name in SCHEMA.names}
+    import pyarrow as pa
+
+    columns: dict[str, list] = {"t_s": [], "gpu": [], **{name: [] for name in METRICS}}
     for row in rows:
         columns["t_s"].append(float(row["t_s"]))
         columns["gpu"].append(int(row.get("gpu", 0)))
         for name in METRICS:
             columns[name].append(_number(row.get(name)))
-    return pa.table(columns, schema=SCHEMA)
+    return pa.table(columns, schema=schema())
 
 
 def metric_summary(values: Iterable[float | None]) -> dict[str, float | int | None]:
-    """mean, p95 (linear interpolation), max and the count of samples that had a value."""
-    present = np.array([v for v in values if v is not None], dtype=float)
-    if present.size == 0:
+    """mean, p95 (linear interpolation between ranks), max, and how many samples had a value
+    (None and NaN are skipped)."""
+    present = sorted(v for v in (_number(x) for x in values) if v is not None)
+    if not present:
         return {"mean": None, "p95": None, "max": None, "samples": 0}
+    rank = 0.95 * (len(present) - 1)
+    low = math.floor(rank)
+    high = min(low + 1, len(present) - 1)
     return {
-        "mean": float(present.mean()),
-        "p95": float(np.percentile(present, 95)),
-        "max": float(present.max()),
-        "samples": int(present.size),
+        "mean": math.fsum(present) / len(present),
+        "p95": present[low] + (present[high] - present[low]) * (rank - low),
+        "max": present[-1],
+        "samples": len(present),
+    }
+
+
+def summarise_rows(
+    rows: Iterable[Mapping[str, Any]],
+) -> dict[int, dict[str, dict[str, float | int | None]]]:
+    """Per GPU index, per metric: mean, p95, max, samples."""
+    by_gpu: dict[int, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_gpu.setdefault(int(row.get("gpu", 0)), []).append(row)
+    return {
+        gpu: {name: metric_summary(r.get(name) for r in by_gpu[gpu]) for name in METRICS}
+        for gpu in sorted(by_gpu)
     }
 
 
 def summarise(table: pa.Table) -> dict[int, dict[str, dict[str, float | int | None]]]:
-    """Per GPU index, per metric: mean, p95, max, samples."""
-    data = table.to_pydict()
-    summary: dict[int, dict[str, dict[str, float | int | None]]] = {}
-    for gpu in sorted(set(data["gpu"])):
-        rows = [i for i, g in enumerate(data["gpu"]) if g == gpu]
-        summary[gpu] = {name: metric_summary(data[name][i] for i in rows) for name in METRICS}
-    return summary
+    """`summarise_rows` of a series table (a written nvml.parquet, read back)."""
+    return summarise_rows(table.to_pylist())
 
 
 def write_series(path: str | Path, table: pa.Table) -> Path:
     """The series as Parquet, written atomically (a reader never sees half a file)."""
+    import pyarrow.parquet as pq
+
     with atomic_target(path) as tmp:
         pq.write_table(table, tmp, compression="zstd")
     return Path(path)
