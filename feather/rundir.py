@@ -1,7 +1,9 @@
 """One run directory, written the same way by every runner (simulator, vLLM, ...).
 
-trace.parquet, requests.parquet, then summary.json - each atomically; summary.json is the
-marker of a complete run and goes last, so a crash leaves a directory nothing trusts.
+trace.parquet, requests.parquet (and any extra table, such as the NVML series), then
+summary.json - each atomically; summary.json is the marker of a complete run and goes last,
+so a crash leaves a directory nothing trusts. An extra table given as None is removed, so a
+rerun never leaves an earlier run's file beside its summary.
 """
 
 from __future__ import annotations
@@ -16,12 +18,20 @@ from feather.atomic import atomic_target, write_json_atomic
 
 
 def write_run_dir(
-    out_dir: str | Path, trace: pa.Table, requests: pa.Table, summary: dict[str, Any]
+    out_dir: str | Path,
+    trace: pa.Table,
+    requests: pa.Table,
+    summary: dict[str, Any],
+    extra_tables: dict[str, pa.Table | None] | None = None,
 ) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").unlink(missing_ok=True)
-    for name, table in (("trace.parquet", trace), ("requests.parquet", requests)):
+    tables = {"trace.parquet": trace, "requests.parquet": requests, **(extra_tables or {})}
+    for name, table in tables.items():
+        if table is None:
+            (out / name).unlink(missing_ok=True)
+            continue
         with atomic_target(out / name) as tmp:
             pq.write_table(table, tmp, compression="zstd")
     write_json_atomic(out / "summary.json", summary)

@@ -30,6 +30,7 @@ from feather.models import get_model
 from feather.pipeline.gpu import attached_gpus
 from feather.provenance import collect_provenance
 from feather.rundir import write_run_dir
+from feather.telemetry import NVML_FILE, NvmlSampler
 from feather.workloads import Workload
 
 SCHEDULER_CLS = "feather.engines.vllm.scheduler.FeatherScheduler"
@@ -89,6 +90,7 @@ class VllmResult:
     summary: dict[str, Any]
     trace: pa.Table
     requests: pa.Table
+    nvml: pa.Table | None = None  # the NVML series; None where NVML was unavailable
 
 
 def vllm_distribution() -> tuple[str, str]:
@@ -129,8 +131,10 @@ class VllmSession:
         setup: EngineSetup,
         max_model_len: int,
         progress: Callable[[str], None] | None = None,
+        nvml_interval_ms: float | None = None,
     ) -> None:
         self.setup = setup
+        self.nvml_interval_ms = nvml_interval_ms  # None: $FEATHER_NVML_INTERVAL_MS or 100
         self.dist, self.version, self.device = check_engine_can_run()
         model = get_model(setup.model)
         if max_model_len > model.context_tokens:
@@ -245,7 +249,8 @@ class VllmSession:
             SamplingParams(max_tokens=r.output_len, ignore_eos=True, detokenize=False)
             for r in requests
         ]
-        outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
+        with NvmlSampler(interval_ms=self.nvml_interval_ms) as nvml:
+            outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         short = [
             requests[i].request_id
             for i, out in enumerate(outputs)
@@ -279,6 +284,8 @@ class VllmSession:
         )
         summary = self._summary(run, workload, trace, request_table)
         summary["wall_s"] = time.perf_counter() - wall0
+        series = nvml.table() if nvml.record["available"] else None
+        summary["nvml"] = {**nvml.record, "file": NVML_FILE if series is not None else None}
         summary["provenance"] = collect_provenance(
             config={
                 "engine": "vllm",
@@ -306,7 +313,7 @@ class VllmSession:
                 "produced_by": f"real {self.dist} {self.version} on {self.device}",
             },
         )
-        return VllmResult(summary, trace, request_table)
+        return VllmResult(summary, trace, request_table, series)
 
     def _policy_facts(self, run: VllmRun) -> dict[str, Any]:
         policy = self.scheduler.policy
@@ -371,4 +378,7 @@ class VllmSession:
 
 
 def write_vllm_run(result: VllmResult, out_dir: str | Path) -> Path:
-    return write_run_dir(out_dir, result.trace, result.requests, result.summary)
+    """The run directory, with nvml.parquet beside it where NVML sampled the run."""
+    return write_run_dir(
+        out_dir, result.trace, result.requests, result.summary, {NVML_FILE: result.nvml}
+    )
