@@ -214,3 +214,13 @@ def test_provenance_needs_only_the_standard_library_and_the_package() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_run_of_a_workload_file_records_the_file_hash(tmp_path) -> None:
+    from feather.workloads import load_workload
+    from feather.workloads.schema import write_workload
+
+    path = write_workload(load_workload(SMALL), tmp_path / "w.parquet")
+    spec = SimulationSpec(str(path), "fcfs", "a100-80gb", "llama-3.1-8b")
+    recorded = simulate(spec).summary["provenance"]["workload"]
+    assert recorded["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()

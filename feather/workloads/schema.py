@@ -236,10 +236,10 @@ def read_workload(path: str | os.PathLike[str]) -> Workload:
     if missing:
         raise WorkloadError(f"{target} lacks workload columns {missing}")
     meta: dict[str, Any] = {}
+    actual = hashlib.sha256(target.read_bytes()).hexdigest()
     side = sidecar_path(target)
     if side.is_file():
         meta = json.loads(side.read_text())
-        actual = hashlib.sha256(target.read_bytes()).hexdigest()
         if meta.get("parquet_sha256") not in (None, actual):
             raise WorkloadError(
                 f"{side} describes a different file than {target} (SHA-256 differs)"
@@ -263,4 +263,6 @@ def read_workload(path: str | os.PathLike[str]) -> Workload:
         )
         for i in range(table.num_rows)
     ]
-    return Workload(requests, meta.get("provenance", {}), meta.get("statistics", {}))
+    # runs record which file they ran: the hash of the bytes read, sidecar or not
+    provenance = {**meta.get("provenance", {}), "parquet_sha256": actual}
+    return Workload(requests, provenance, meta.get("statistics", {}))
