@@ -81,15 +81,30 @@ def slug(name: str) -> str:
 # Nsight Compute
 
 
-def ncu_targets(sweep: Any, block_size: int) -> list[Any]:
-    """The batches profiled: C1's homogeneous batch and both mixed ones."""
+def ncu_targets(sweep: Any, block_size: int) -> dict[str, Any]:
+    """The batches profiled, by role: C1's homogeneous batch and both mixed ones."""
     n = sweep.per_group
-    wanted = {f"homog_{n}", f"mixed_{n}", f"mixed_{8 * n}"}
-    return [
-        batch
+    names = {f"homog_{n}": "homog", f"mixed_{n}": "mixed", f"mixed_{8 * n}": "mixed_big"}
+    return {
+        names[batch.name]: batch
         for bench, batch in sweep.batches(block_size)
-        if bench == "c1" and batch.name in wanted
-    ]
+        if bench == "c1" and batch.name in names
+    }
+
+
+# Most telling first (ncu runs take ~10-30 s each; the budget may stop the list): the plain
+# kernel's L2 reuse on homogeneous vs mixed tables (C1's mechanism), then pat and cascade.
+NCU_ORDER = (
+    ("homog", "paged"),
+    ("mixed_big", "paged"),
+    ("mixed", "paged"),
+    ("homog", "pat"),
+    ("mixed_big", "pat"),
+    ("homog", "cascade"),
+    ("mixed_big", "cascade"),
+    ("mixed", "pat"),
+    ("mixed", "cascade"),
+)
 
 
 def launches_per_step(kernel: str, plan: Sequence[Any]) -> int:
@@ -164,10 +179,7 @@ def combine_launches(launches: list[dict[str, Any]]) -> dict[str, float | None]:
 
 
 def run_ncu_phase(probe: Any, args: Any, sweep: Any, shapes: Any, doc: dict[str, Any]) -> None:
-    """Profile each target batch x Triton kernel under ncu while the budget allows."""
-    from feather.kernels.plan import KERNELS, make_plan
-    from feather.kernels.traffic import plan_bytes
-
+    """Profile the target batches x Triton kernels under ncu while the budget allows."""
     ncu = args.ncu or shutil.which("ncu")
     doc.update(path=ncu, runs=[])
     if args.no_ncu:
@@ -179,62 +191,83 @@ def run_ncu_phase(probe: Any, args: Any, sweep: Any, shapes: Any, doc: dict[str,
     version = probe.run_bounded([ncu, "--version"], 20.0)
     doc["version"] = (version["stdout"] or version["stderr"]).strip()[-300:]
     doc.update(probe.ncu_available_metrics(ncu, 20.0))
-    for batch in ncu_targets(sweep, shapes.block_size):
-        for kernel in KERNELS:
-            record: dict[str, Any] = {"config": batch.name, "kernel": kernel}
-            doc["runs"].append(record)
-            left = WATCHDOG_S - 10.0 - elapsed()
-            if elapsed() > NCU_DEADLINE_S or left < 10:
-                record["skipped"] = "time budget spent"
-                continue
-            plan = make_plan(kernel, batch.tables, batch.seq_lens, shapes.block_size)
-            sizes = {
-                "q_heads": shapes.q_heads,
-                "kv_heads": shapes.kv_heads,
-                "head_dim": shapes.head_dim,
-                "dtype_bytes": shapes.dtype_bytes,
-            }
-            paged = make_plan("paged", batch.tables, batch.seq_lens, shapes.block_size)
-            logical = plan_bytes(paged, batch.num_seqs, **sizes).kv
-            by_construction = plan_bytes(plan, batch.num_seqs, **sizes)
-            unique = plan_bytes(
-                make_plan("pat", batch.tables, batch.seq_lens, shapes.block_size),
-                batch.num_seqs,
-                **sizes,
-            ).kv
-            launches = launches_per_step(kernel, plan)
-            cmd = ncu_command(ncu, doc["metrics"], batch.name, kernel, launches, args)
-            run = probe.run_bounded(cmd, min(NCU_CALL_TIMEOUT_S, left))
-            parsed = probe.parse_ncu_csv(run["stdout"]) or probe.parse_ncu_csv(run["stderr"])
-            record.update(
-                command=" ".join(cmd),
-                rc=run["rc"],
-                wall_s=run["wall_s"],
-                timed_out=run.get("timed_out", False),
-                launches=len(parsed),
-                expected_launches=launches,
-            )
-            if parsed:
-                metrics = combine_launches(parsed)
-                record["metrics"] = metrics
-                record["per_launch"] = [p["metrics"] for p in parsed]
-                record["summary"] = probe.ncu_summary(metrics, logical, unique)
-                dram = metrics.get("dram__bytes_read.sum")
-                record["summary"]["dram_over_by_construction"] = (
-                    dram / by_construction.total if dram is not None else None
-                )
-            else:
-                text = run["stdout"] + "\n" + run["stderr"]
-                record["error"] = "timed out" if run.get("timed_out") else "no metrics in output"
-                record["error_lines"] = [
-                    ln for ln in text.splitlines() if "ERR_" in ln or "==ERROR==" in ln
-                ][:10]
-                record["stderr_tail"] = run["stderr"][-1500:]
-            summary = record.get("summary") or {}
-            say(
-                f"ncu {batch.name} {kernel}: L2 hit {summary.get('l2_hit_rate_pct')} %, "
-                f"DRAM {summary.get('dram_read_bytes')} B {record.get('error', '')}"
-            )
+    targets = ncu_targets(sweep, shapes.block_size)
+    for role, kernel in NCU_ORDER:
+        batch = targets[role]
+        left = WATCHDOG_S - 10.0 - elapsed()
+        if elapsed() > NCU_DEADLINE_S or left < 10:
+            record = {"config": batch.name, "kernel": kernel, "skipped": "time budget spent"}
+        else:
+            record = profile_one(probe, ncu, doc["metrics"], batch, kernel, shapes, args, left)
+        doc["runs"].append(record)
+        summary = record.get("summary") or {}
+        say(
+            f"ncu {batch.name} {kernel}: L2 hit {summary.get('l2_hit_rate_pct')} %, "
+            f"DRAM {summary.get('dram_read_bytes')} B {record.get('error', '')}"
+            f"{record.get('skipped', '')}"
+        )
+
+
+def profile_one(
+    probe: Any,
+    ncu: str,
+    metrics: Sequence[str],
+    batch: Any,
+    kernel: str,
+    shapes: Any,
+    args: Any,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """One decode step of `kernel` on `batch` under ncu: metrics summed over its launches,
+    set against the bytes a paged kernel would read (logical), the unique bytes and the
+    bytes this kernel reads by construction."""
+    from feather.kernels.plan import make_plan
+    from feather.kernels.traffic import plan_bytes
+
+    sizes = {
+        "q_heads": shapes.q_heads,
+        "kv_heads": shapes.kv_heads,
+        "head_dim": shapes.head_dim,
+        "dtype_bytes": shapes.dtype_bytes,
+    }
+
+    def kv_bytes(name: str) -> Any:
+        plan = make_plan(name, batch.tables, batch.seq_lens, shapes.block_size)
+        return plan, plan_bytes(plan, batch.num_seqs, **sizes)
+
+    plan, by_construction = kv_bytes(kernel)
+    logical, unique = kv_bytes("paged")[1].kv, kv_bytes("pat")[1].kv
+    launches = launches_per_step(kernel, plan)
+    cmd = ncu_command(ncu, metrics, batch.name, kernel, launches, args)
+    run = probe.run_bounded(cmd, min(NCU_CALL_TIMEOUT_S, timeout_s))
+    parsed = probe.parse_ncu_csv(run["stdout"]) or probe.parse_ncu_csv(run["stderr"])
+    record: dict[str, Any] = {
+        "config": batch.name,
+        "kernel": kernel,
+        "command": " ".join(cmd),
+        "rc": run["rc"],
+        "wall_s": run["wall_s"],
+        "timed_out": run.get("timed_out", False),
+        "launches": len(parsed),
+        "expected_launches": launches,
+    }
+    if not parsed:
+        text = run["stdout"] + "\n" + run["stderr"]
+        record["error"] = "timed out" if run.get("timed_out") else "no metrics in output"
+        record["error_lines"] = [
+            ln for ln in text.splitlines() if "ERR_" in ln or "==ERROR==" in ln
+        ][:10]
+        record["stderr_tail"] = run["stderr"][-1500:]
+        return record
+    combined = combine_launches(parsed)
+    record["metrics"] = combined
+    record["per_launch"] = [p["metrics"] for p in parsed]
+    record["summary"] = probe.ncu_summary(combined, logical, unique)
+    dram = combined.get("dram__bytes_read.sum")
+    record["summary"]["dram_over_by_construction"] = (
+        dram / by_construction.total if dram is not None else None
+    )
+    return record
 
 
 def ncu_child(args: Any) -> int:
@@ -246,7 +279,7 @@ def ncu_child(args: Any) -> int:
     from feather.kernels.paged_decode import default_scale
 
     sweep, shapes = bench_setup(args)
-    batch = next(b for b in ncu_targets(sweep, shapes.block_size) if b.name == args.config)
+    batch = next(b for b in ncu_targets(sweep, shapes.block_size).values() if b.name == args.config)
     dev = bench.Device(torch, args.device)
     t = bench.make_tensors(dev, batch, shapes, seed=0)
     step = prepare(

@@ -7,8 +7,9 @@ One decode step of one attention layer of Llama-3.1-8B (32 query heads, 8 KV hea
   batch size), and the paper's shape: 8 homogeneous batches of n vs one mixed batch of 8n;
 - c2: a homogeneous batch with 0, 1, 2, 4, ... divergent requests (no sharing, same length);
 - prefix: a homogeneous batch, shared prefix 1K to 16K tokens;
-- c7: paged vs cascade vs pat on every batch above, plus a nested batch (a root prefix for
-  all, a document per group, a suffix each) where only pat can share both levels.
+- c7: paged vs cascade vs pat on every batch, plus a nested batch (a root prefix for all, a
+  document per group, a suffix each) where only pat can share both levels.
+Run order: c1, c2, c7, prefix (a time budget cuts the end first).
 Every kernel runs on every batch: PyTorch on the CPU (and the GPU); Triton on a GPU.
 
 Protocol: per batch a fresh seeded KV pool (normal values, no zeros); per launch a fresh
@@ -33,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from feather.kernels.batches import BatchLayout, grouped_batch, split_evenly
@@ -130,18 +132,6 @@ class Sweep:
                         shuffle_seed=3,
                     ),
                 )
-        if "prefix" in self.benchmarks:
-            for length in self.prefix_lengths:
-                yield (
-                    "prefix",
-                    grouped_batch(
-                        f"homog_{self.prefix_batch}_p{length}",
-                        [self.prefix_batch],
-                        prefix_tokens=length,
-                        suffix_tokens=s,
-                        block_size=bs,
-                    ),
-                )
         if "c7" in self.benchmarks:
             root = self.nested_root_tokens
             yield (
@@ -156,6 +146,18 @@ class Sweep:
                     shuffle_seed=4,
                 ),
             )
+        if "prefix" in self.benchmarks:
+            for length in self.prefix_lengths:
+                yield (
+                    "prefix",
+                    grouped_batch(
+                        f"homog_{self.prefix_batch}_p{length}",
+                        [self.prefix_batch],
+                        prefix_tokens=length,
+                        suffix_tokens=s,
+                        block_size=bs,
+                    ),
+                )
 
 
 SWEEPS = {
@@ -201,8 +203,8 @@ SWEEPS = {
         prefix_batch=100,
         prefix_lengths=(1024, 2048, 4096, 8192, 16384),
         nested_root_tokens=1000,
-        warmup=3,
-        repeats=20,
+        warmup=2,
+        repeats=10,
     ),
 }
 
@@ -211,6 +213,18 @@ QUICK_SHAPES = Shapes("tiny", 8, 2, 16, 4, "float32")
 
 # ---------------------------------------------------------------------------------------------
 # Timing
+
+
+def cpu_model() -> str:
+    """The CPU's model name (platform.processor() is empty on most Linux systems)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 @dataclass
@@ -330,7 +344,7 @@ def run_batch(
     for impl in implementations:
         for kernel in KERNELS:
             plan_times = []
-            for _ in range(max(1, sweep.repeats // 2)):
+            for _ in range(min(3, sweep.repeats)):
                 t0 = time.perf_counter()
                 bound[kernel, impl] = prepare(kernel, impl, *args)
                 plan_times.append(time.perf_counter() - t0)
