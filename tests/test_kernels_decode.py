@@ -296,3 +296,27 @@ def test_plans_of_a_mixed_batch_differ_as_designed() -> None:
     # the divergent request holds no root: cascade has nothing batch-wide to share
     assert all(len(seg.queries) == 1 for seg in cascade)
     assert max(len(seg.queries) for seg in pat) == 5  # the root, under the five grouped ones
+
+
+def test_torch_gathers_kv_in_bounded_chunks() -> None:
+    """The gather buffers hold at most chunk_tokens of KV, whatever the batch's length."""
+    from feather.kernels.attend_torch import TorchDecode
+
+    batch = grouped_batch("long", [6], prefix_tokens=400, suffix_tokens=30, block_size=4)
+    inputs = make_inputs(
+        batch.padded_tables(),
+        batch.seq_lens,
+        batch.num_blocks,
+        q_heads=4,
+        kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        seed=5,
+    )
+    for kernel in KERNELS:
+        plan = make_plan(kernel, batch.tables, batch.seq_lens, 4)
+        run = TorchDecode(plan, inputs[1], 6, 4, chunk_tokens=32)
+        assert run._k_buf.shape[0] * 4 <= 32 and run._v_buf.shape == run._k_buf.shape
+        out = run(inputs[0], inputs[1], inputs[2], 0.3)
+        assert_close_to(out, dense_reference(*inputs, 0.3), torch.float32)
