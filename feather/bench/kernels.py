@@ -246,10 +246,7 @@ class Device:
     def description(self) -> str:
         if self.name == "cuda":
             return self.torch.cuda.get_device_name(0)
-        return (
-            f"cpu: {platform.processor() or platform.machine()}, "
-            f"{self.torch.get_num_threads()} threads"
-        )
+        return f"cpu: {cpu_model()}, torch threads: {self.torch.get_num_threads()}"
 
     def sync(self) -> None:
         if self.name == "cuda":
