@@ -239,3 +239,16 @@ def test_gpu_script_dry_run_on_cpu(tmp_path: Path) -> None:
     assert cal["ncu_available"] and len(cal["entries"]) == 3 * len(KERNELS)
     assert all(e["ncu"]["l2_hit_rate_pct"] == 75.0 for e in cal["entries"])
     assert "wrote" in (out / "log.txt").read_text()
+
+
+def test_bare_gpu_box_fallbacks(tmp_path: Path, monkeypatch) -> None:
+    """Without pyarrow (so without feather.telemetry / feather.provenance) the script still
+    samples through gpu/l2_probe.py's sampler and writes a reduced provenance record."""
+    monkeypatch.setitem(sys.modules, "feather.telemetry.nvml", None)  # import -> ImportError
+    monkeypatch.setitem(sys.modules, "feather.provenance", None)
+    record: dict = {}
+    with script.nvml_sampling(tmp_path, script._load_probe(), record):
+        pass
+    assert record["sampler"].startswith("gpu/l2_probe.py") and record["available"] is False
+    got = bench._provenance(config={"a": 1}, seed=3)
+    assert got["error"].startswith("feather.provenance unavailable") and got["seed"] == 3
