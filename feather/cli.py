@@ -484,6 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
     bkern.add_argument("--quiet", action="store_true", help="no progress on stderr")
     bkern.set_defaults(func=_cmd_bench_kernels)
 
+    from feather.overhead.cli import register as register_overhead
+
+    register_overhead(commands)
     workload = commands.add_parser("workload", help="build and inspect workloads")
     workloads = workload.add_subparsers(dest="workload", required=True)
     wb = workloads.add_parser(

@@ -33,8 +33,15 @@ def source_digest(include: Iterable[str], exclude: Iterable[str] = (), root: Pat
 
 def run_code_digest(root: Path = PACKAGE) -> str:
     """What simulated and real-engine runs and training execute: the package, less the
-    workflow's own expansion, aggregation and figure code."""
-    return source_digest(["."], exclude=("pipeline",), root=root)
+    workflow's own expansion, aggregation and figure code and the overhead experiment's."""
+    return source_digest(["."], exclude=("pipeline", "overhead"), root=root)
+
+
+def overhead_code_digest(root: Path = PACKAGE) -> str:
+    """What the overhead experiment times: its harness and the structures it measures."""
+    return source_digest(
+        ["overhead", "cht.py", "chunk_hash.py", "arrival.py", "policies"], root=root
+    )
 
 
 def workload_code_digest(root: Path = PACKAGE) -> str:

@@ -154,7 +154,8 @@ def figure_names():
 
 def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md"]
-            + [f"figures/{name}.png" for name in figure_names()])
+            + [f"figures/{name}.png" for name in figure_names()]
+            + overhead_targets())
 
 
 def profile_args():

@@ -1,0 +1,166 @@
+"""Build the separate Python environments SGLang's real scheduling code runs in.
+
+SGLang pins a different torch and transformers than vLLM, and pulls CUDA-only packages, so it
+cannot share our environment. Each baseline gets its own venv from a lock file in `locks/`
+(installed with `--no-deps`: only what its scheduling code imports). The environment is
+marked usable only once SGLang's classes import and a radix tree answers a query, by a
+status record `feather-env.json` written last (atomically):
+
+    {"status": "ok", "name": ..., "python": ..., "lock_sha256": ..., "sglang": version}
+    {"status": "skipped", "name": ..., "reason": "why it could not be built"}
+
+A failed build leaves only the record (never a half-built venv); an interrupted one leaves no
+record and is rebuilt; so the pipeline reports a baseline as skipped with the reason and goes
+on. A built environment whose lock file is unchanged is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import feather
+from feather.atomic import write_json_atomic
+
+LOCKS = Path(__file__).with_name("locks")
+STATUS_FILE = "feather-env.json"
+
+# Imports SGLang's scheduling code, builds its trees and a request: what the harness needs.
+_SELF_TEST = """
+from feather.overhead.sglang_env import SGLangAPI
+api = SGLangAPI()
+for kind in api.trees:
+    tree = api.make_tree(kind, 1)
+    api.cache_prefix(tree, [1, 2, 3, 4])
+    req = api.make_request("0", [1, 2, 3, 4, 5])
+    api.make_policy("lpm", tree, fcfs_fallback=False).calc_priority([req])
+    assert api.matched_tokens(req) == 4, (kind, api.matched_tokens(req))
+import json
+print(json.dumps({"version": api.version, "trees": api.trees}))
+"""
+
+
+def known_envs() -> list[str]:
+    return sorted(p.stem for p in LOCKS.glob("*.txt"))
+
+
+def lock_file(name: str) -> Path:
+    path = LOCKS / f"{name}.txt"
+    if not path.is_file():
+        raise ValueError(f"unknown environment {name!r}; known: {', '.join(known_envs())}")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
+class EnvStatus:
+    name: str
+    status: str  # ok | skipped
+    path: Path
+    reason: str = ""
+    version: str = ""
+    trees: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def python(self) -> Path:
+        return self.path / "bin" / "python"
+
+
+def read_status(dest: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((dest / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def package_path_for(python_path_dir: Path) -> Path:
+    """A directory holding only a link to our package, to put on another env's path."""
+    (python_path_dir / "feather").symlink_to(Path(feather.__file__).resolve().parent)
+    return python_path_dir
+
+
+def _run(cmd: list[str], log: Path, **kwargs: Any) -> subprocess.CompletedProcess:
+    with log.open("a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        return subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def _tail(log: Path, lines: int = 15) -> str:
+    text = log.read_text(errors="replace").splitlines()
+    useful = [line for line in text if "is ignored: it is neither a file" not in line]
+    return "\n".join(useful[-lines:])
+
+
+def build_env(
+    name: str,
+    dest: Path,
+    *,
+    lock: Path | None = None,
+    progress: Callable[[str], None] = lambda message: None,
+) -> EnvStatus:
+    """Build (or reuse) environment `name` at `dest`; never raises for a failed build."""
+    lock = lock if lock is not None else lock_file(name)
+    dest = Path(dest).absolute()
+    digest = _sha256(lock)
+    previous = read_status(dest)
+    reusable = previous and previous.get("status") == "ok" and previous.get("lock_sha256") == digest
+    if reusable and (dest / "bin" / "python").exists():
+        progress(f"{name}: reusing {dest}")
+        return EnvStatus(name, "ok", dest, version=previous.get("sglang", ""),
+                         trees=tuple(previous.get("trees", ())))
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    log = dest / "build.log"
+    try:
+        progress(f"{name}: creating a venv at {dest}")
+        venv.EnvBuilder(with_pip=True, symlinks=True).create(dest)
+        python = str(dest / "bin" / "python")
+        progress(f"{name}: installing {lock.name} (--no-deps; ~1-2 minutes)")
+        install = ["-m", "pip", "install", "--no-deps", "--no-input", "-r", str(lock)]
+        pip = _run([python, *install], log)
+        if pip.returncode != 0:
+            return _skipped(name, dest, digest, f"pip install failed:\n{_tail(log)}")
+        with tempfile.TemporaryDirectory(prefix="feather-pkg-") as link_dir:
+            env = {"PYTHONPATH": str(package_path_for(Path(link_dir))), "PATH": "/usr/bin:/bin"}
+            check = _run([python, "-c", _SELF_TEST], log, env=env)
+        if check.returncode != 0:
+            return _skipped(name, dest, digest, f"SGLang's classes do not work:\n{_tail(log)}")
+        facts = json.loads(log.read_text().strip().splitlines()[-1])
+        record = {
+            "status": "ok", "name": name, "python": python, "lock": str(lock),
+            "lock_sha256": digest, "sglang": facts["version"], "trees": facts["trees"],
+            "built_with": sys.version.split()[0],
+        }
+        write_json_atomic(dest / STATUS_FILE, record)
+        progress(f"{name}: ready at {dest} (sglang {facts['version']}, trees {facts['trees']})")
+        return EnvStatus(name, "ok", dest, version=facts["version"], trees=tuple(facts["trees"]))
+    except OSError as exc:
+        return _skipped(name, dest, digest, f"{type(exc).__name__}: {exc}")
+
+
+def _skipped(name: str, dest: Path, digest: str, reason: str) -> EnvStatus:
+    log = (dest / "build.log").read_text(errors="replace") if (dest / "build.log").exists() else ""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    (dest / "build.log").write_text(log)
+    record = {"status": "skipped", "name": name, "lock_sha256": digest, "reason": reason}
+    write_json_atomic(dest / STATUS_FILE, record)
+    return EnvStatus(name, "skipped", dest, reason=reason)

