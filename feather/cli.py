@@ -79,20 +79,29 @@ def _cmd_bench_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_kernels(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from feather.atomic import write_json_atomic
     from feather.bench import kernels
+    from feather.telemetry import sample_nvml
 
-    doc = kernels.run(
-        sweep_name="full" if args.full else "quick" if args.quick else "default",
-        benchmarks=tuple(args.benchmarks.split(",")) if args.benchmarks else None,
-        repeats=args.repeats,
-        device=args.device,
-        implementations=tuple(args.implementations.split(",")) if args.implementations else None,
-        dtype=args.dtype,
-        seed=args.seed,
-        threads=args.threads,
-        progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True),
-    )
+    out_dir = Path(args.out).parent if args.out else None
+    # NVML counters during the benchmark (on a GPU; elsewhere the record says why not)
+    with sample_nvml(out_dir) as nvml:
+        doc = kernels.run(
+            sweep_name="full" if args.full else "quick" if args.quick else "default",
+            benchmarks=tuple(args.benchmarks.split(",")) if args.benchmarks else None,
+            repeats=args.repeats,
+            device=args.device,
+            implementations=(
+                tuple(args.implementations.split(",")) if args.implementations else None
+            ),
+            dtype=args.dtype,
+            seed=args.seed,
+            threads=args.threads,
+            progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    doc["nvml"] = nvml.record
     if args.out:
         write_json_atomic(args.out, doc)
     if args.json:

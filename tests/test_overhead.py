@@ -236,12 +236,17 @@ def test_speedups_and_fractions_by_hand() -> None:
     assert sp[(128, "SGLang 0.5.23 lpm (Rust tree)")] == pytest.approx(2)
     assert len(sp) == 2  # only baselines, each against the CHT of its own case
     model, hw = get_model("llama-3.1-8b"), get_hardware("a100-80gb")
-    frac = report.fractions(rows, model, [hw], cpu_step_s=0.5)
+    rows["decisions"] = 64
+    frac = report.fractions(rows, model, [hw], cpu_step_s=0.5, output_tokens=32)
     case = Case(waiting=1000, prefix_tokens=4096, groups=8, batch=64, page=16)
     step = report.simulated_step_s(model, hw, case)
-    dfs = frac[(frac.variant == "dfs-weight")].set_index("step_on")["fraction"]
-    assert dfs["a100-80gb"] == pytest.approx(0.5 / (0.5 + step))
-    assert dfs["vllm-cpu step (measured)"] == pytest.approx(0.5)
+    dfs = frac[(frac.variant == "dfs-weight")].set_index("step_on")
+    assert dfs.fraction["a100-80gb"] == pytest.approx(0.5 / (0.5 + step))  # a pass per step
+    assert dfs.fraction["vllm-cpu step (measured)"] == pytest.approx(0.5)
+    cht = frac[(frac.variant == "cht") & (frac.waiting == 1000)].set_index("step_on")
+    # 64 running / 32 output tokens = 2 admissions per step, + the STOP: 3 decisions
+    assert cht.sched_s["a100-80gb"] == pytest.approx(3 * 0.001 / 64)
+    assert cht.fraction_batch["a100-80gb"] == pytest.approx(0.001 / (0.001 + step))
     # a decode step of 64 x 4K-token requests on an A100 takes milliseconds, not seconds
     assert 1e-3 < step < 0.1
 

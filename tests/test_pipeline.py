@@ -13,7 +13,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from feather.pipeline.experiments import load_experiment
+from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
+from feather.pipeline.experiments import (
+    ExperimentError,
+    experiment_files,
+    load_all,
+    load_experiment,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_EXPERIMENTS = REPO / "tests" / "fixtures" / "tiny_experiments"
@@ -74,6 +80,9 @@ def tiny_config(tmp: Path, **changes) -> Path:
             "experiments_dir": str(TINY_EXPERIMENTS),
             "extra_rules": [str(tmp / "own.smk")],
             "extra_runs": ["results/a100-80gb/patched/c6/mine/summary.json"],
+            # SGLang's environment as the overhead tests build it (reused, not rebuilt)
+            "overhead": {"sweep": "default", "envs_dir": str(REPO / ".envs")},
+            "kernel_bench": "quick",
         }
     )
     config.update(changes)
@@ -121,7 +130,7 @@ def finished(tmp_path_factory) -> Path:
 
 def test_every_expected_result_and_figure_exists(finished: Path) -> None:
     table = pd.read_parquet(finished / "results" / "summary.parquet")
-    experiments = {p.stem: load_experiment(p) for p in TINY_EXPERIMENTS.glob("*.yaml")}
+    experiments = {p.stem: load_experiment(p) for p in experiment_files(TINY_EXPERIMENTS)}
     for name, experiment in experiments.items():
         assert (finished / "figures" / f"{experiment.figure}.png").stat().st_size > 10_000, name
         if experiment.templates:
@@ -144,9 +153,33 @@ def test_figure_index_lists_exactly_the_figures_the_pipeline_draws() -> None:
     indexed = set(
         re.findall(r"^\| (\w+)\.png \|", (REPO / "figures" / "README.md").read_text(), re.MULTILINE)
     )
-    default = {load_experiment(p).figure for p in (REPO / "experiments").glob("*.yaml")}
-    tiny = {load_experiment(p).figure for p in TINY_EXPERIMENTS.glob("*.yaml")}
-    assert indexed == default == tiny
+    separate = {*OVERHEAD_FIGURES, "kernels"}  # drawn by their own rules
+    default = {load_experiment(p).figure for p in experiment_files(REPO / "experiments")}
+    tiny = {load_experiment(p).figure for p in experiment_files(TINY_EXPERIMENTS)}
+    assert indexed == default | separate
+    assert default == tiny
+
+
+def test_the_overhead_and_kernel_experiments_run_in_the_pipeline(finished: Path) -> None:
+    """Their own rules: SGLang's environment status, the bench with provenance, report, figures."""
+    env = json.loads((finished / "results" / "envs" / "sglang-0.5.23.json").read_text())
+    assert env["status"] == "ok" and env["version"] == "0.5.23"
+    bench = pd.read_parquet(finished / "results" / "cpu" / "overhead" / "bench.parquet")
+    assert set(bench.waiting) == {20, 150} and bench.agreed.all()
+    assert {"feather", "vllm", "sglang"} == set(bench.engine)
+    record = json.loads((finished / "results" / "cpu" / "overhead" / "bench.json").read_text())
+    assert record["provenance"]["git"]["revision"] and record["provenance"]["config_hash"]
+    report = (finished / "results" / "cpu" / "overhead" / "overhead.md").read_text()
+    assert "SGLang 0.5.23 dfs-weight (Rust tree)" in report
+    for name in [*OVERHEAD_FIGURES, "kernels"]:
+        assert (finished / "figures" / f"{name}.png").stat().st_size > 10_000, name
+    kernels = json.loads((finished / "results" / "cpu" / "kernels" / "kernels.json").read_text())
+    assert kernels["device"] == "cpu" and kernels["provenance"]["git"]["revision"]
+
+
+def test_overhead_is_not_a_simulator_experiment(tmp_path: Path) -> None:
+    with pytest.raises(ExperimentError, match="overhead:` section"):
+        load_all(REPO / "experiments", ["c1", "overhead"], {}, set())
 
 
 def test_a_scheduler_added_by_dotted_path_reaches_the_table_and_figures(finished: Path) -> None:

@@ -95,14 +95,17 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from feather.models import get_model
     from feather.overhead import report
     from feather.overhead.figures import draw_all
+    from feather.overhead.sweep import load_spec
     from feather.sim.hardware import get_hardware
 
     rows = pd.read_parquet(args.bench)
-    model = get_model(args.model)
+    model = get_model(args.model or load_spec(args.spec).get("model", "llama-3.1-8b"))
     hardware = [get_hardware(h) for h in args.hardware]
     cpu_step = report.measured_cpu_step_s(Path(p) for p in args.vllm_trace)
     speedups = report.speedups(rows)
-    fractions = report.fractions(rows, model, hardware, cpu_step)
+    spec = load_spec(args.spec)
+    output_tokens = args.output_tokens or int(spec.get("output_tokens", 128))
+    fractions = report.fractions(rows, model, hardware, cpu_step, output_tokens)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in (("speedups", speedups), ("fractions", fractions)):
@@ -143,7 +146,11 @@ def register(commands: Any) -> None:
 
     rep = sub.add_parser("report", help="speedups, step-time fractions, table and figures")
     rep.add_argument("--bench", required=True, help="the .parquet `overhead run` wrote")
-    rep.add_argument("--model", default="llama-3.1-8b")
+    rep.add_argument("--spec", default="experiments/overhead.yaml")
+    rep.add_argument("--model", help="default: the spec's model")
+    rep.add_argument("--output-tokens", type=int,
+                     help="output tokens per request, for steady-state admissions per step "
+                          "(default: the spec's)")
     rep.add_argument("--hardware", action="append", required=True)
     rep.add_argument("--vllm-trace", action="append", default=[],
                      help="trace.parquet of real vLLM runs (their median decode step)")

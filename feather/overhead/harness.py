@@ -60,7 +60,9 @@ class Worker:
     def __init__(self, spec: ImplSpec, package_link: Path) -> None:
         self.spec = spec
         env = dict(os.environ)
-        if Path(spec.python).resolve() != Path(sys.executable).resolve():
+        if Path(spec.python).absolute() != Path(sys.executable).absolute():
+            # another environment (its python may resolve to the same interpreter binary:
+            # venvs share it, so compare the paths as given, not resolved)
             env["PYTHONPATH"] = str(package_link)
         args = [spec.python, "-m", "feather.overhead.worker", spec.family,
                 "--tree", spec.tree, "--page-size", str(spec.page_size)]

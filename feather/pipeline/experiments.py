@@ -410,6 +410,17 @@ def expand(
     return experiment
 
 
+# Experiments with their own rules and config section, not expanded into simulator runs.
+SEPARATE_EXPERIMENTS = {
+    "overhead": "config.yaml's `overhead:` section (workflow/rules/overhead.smk)",
+}
+
+
+def experiment_files(directory: str | Path) -> list[Path]:
+    """The experiment files `experiments:` may name (not the separately run ones)."""
+    return sorted(p for p in Path(directory).glob("*.yaml") if p.stem not in SEPARATE_EXPERIMENTS)
+
+
 def load_all(
     directory: str | Path,
     names: list[str],
@@ -419,7 +430,13 @@ def load_all(
 ) -> dict[str, Experiment]:
     """The config's experiments, expanded (unknown names name the files that exist)."""
     directory = Path(directory)
-    known = sorted(p.stem for p in directory.glob("*.yaml"))
+    separate = [n for n in names if n in SEPARATE_EXPERIMENTS]
+    if separate:
+        raise ExperimentError(
+            f"{', '.join(separate)} is not listed under `experiments:`; it is turned on by "
+            + "; ".join(SEPARATE_EXPERIMENTS[n] for n in separate)
+        )
+    known = [p.stem for p in experiment_files(directory)]
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ExperimentError(

@@ -89,8 +89,14 @@ def headline(table: pd.DataFrame, experiment: str) -> list[str]:
 
 
 def write_ours(
-    table_path: str | Path, reports: list[str | Path], out: str | Path, experiments: dict[str, Any]
+    table_path: str | Path,
+    reports: list[str | Path],
+    out: str | Path,
+    experiments: dict[str, Any],
+    sections: list[str | Path] = (),
 ) -> None:
+    """The table of claims vs our numbers; `sections` (markdown files of experiments with
+    their own rules, e.g. the overhead report) are appended as they are."""
     table = pd.read_parquet(table_path)
     rows = ["| figure | claim | paper | ours (this run) |", "|---|---|---|---|"]
     for exp in experiments.values():
@@ -110,4 +116,6 @@ def write_ours(
         f"Git revision(s): {', '.join(map(str, revision)) or 'unknown'}. Produced by: "
         f"{'; '.join(sorted(table['produced_by'].dropna().unique()))}.\n\n" + "\n".join(rows) + "\n"
     )
+    for section in sections:
+        text += "\n" + Path(section).read_text()
     write_text_atomic(out, text)

@@ -1,5 +1,6 @@
 # Parse-time Python: check the config, find the data, expand the experiments into runs.
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -8,7 +9,15 @@ import sys
 from pathlib import Path
 
 from feather.models import get_model, model_names
-from feather.pipeline.code_digest import run_code_digest, workload_code_digest
+from feather.overhead.envs import lock_file
+from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
+from feather.overhead.sweep import load_spec
+from feather.pipeline.code_digest import (
+    overhead_code_digest,
+    run_code_digest,
+    source_digest,
+    workload_code_digest,
+)
 from feather.pipeline.experiments import load_all
 from feather.pipeline.engines import ENGINES as ENGINE_TABLE
 from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
@@ -155,7 +164,7 @@ def figure_names():
 def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets())
+            + overhead_targets() + kernel_targets())
 
 
 def profile_args():
@@ -218,3 +227,51 @@ def logged_to(path):
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         yield
+
+
+# ---- the overhead experiment (workflow/rules/overhead.smk) ----
+
+OVERHEAD = config.get("overhead")
+OVERHEAD_SPEC = REPO / config.get("experiments_dir", "experiments") / "overhead.yaml"
+OVERHEAD_DIR = "results/cpu/overhead"
+
+
+def overhead_baselines():
+    return list(load_spec(OVERHEAD_SPEC)["baselines"]) if OVERHEAD else []
+
+
+def overhead_targets():
+    if not OVERHEAD:
+        return []
+    return [f"{OVERHEAD_DIR}/overhead.md"] + [f"figures/{n}.png" for n in OVERHEAD_FIGURES]
+
+
+def vllm_cpu_traces():
+    """Real vLLM-on-CPU runs of this workflow: their decode steps are the measured step."""
+    return [f"{d}/summary.json" for b in ENGINE_BATCHES
+            if b.engine == "vllm" and b.hardware == "cpu" for d in b.run_dirs()]
+
+# ---- decode-attention kernels (workflow/rules/kernels.smk) ----
+
+
+def _gpu_label():
+    gpus = attached_gpus()
+    return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-") if gpus else None
+
+
+KERNEL_MACHINES = ["cpu"] + [label for label in [_gpu_label()] if label]
+
+
+def kernel_results():
+    made_here = [f"results/{m}/kernels/kernels.json" for m in KERNEL_MACHINES]
+    brought = [str(p.relative_to(REPO)) for p in sorted(REPO.glob("results/*/kernels/kernels.json"))]
+    return list(dict.fromkeys(made_here + brought))
+
+
+KERNEL_SWEEP = config.get("kernel_bench", "default")
+
+
+def kernel_targets():
+    return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"]
+
+

@@ -1,34 +1,6 @@
 # Scheduling overhead (C3, C4): experiments/overhead.yaml says what is swept, config.yaml's
 # `overhead:` turns it on. SGLang's releases each get their own environment, built here by
 # pip (never by hand); one that cannot be built is reported as skipped and the run goes on.
-import hashlib
-
-from feather.overhead.envs import lock_file
-from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
-from feather.overhead.sweep import load_spec
-from feather.pipeline.code_digest import overhead_code_digest
-
-OVERHEAD = config.get("overhead")
-OVERHEAD_SPEC = REPO / "experiments" / "overhead.yaml"
-OVERHEAD_DIR = "results/cpu/overhead"
-
-
-def overhead_baselines():
-    return list(load_spec(OVERHEAD_SPEC)["baselines"]) if OVERHEAD else []
-
-
-def overhead_targets():
-    if not OVERHEAD:
-        return []
-    return [f"{OVERHEAD_DIR}/overhead.md"] + [f"figures/{n}.png" for n in OVERHEAD_FIGURES]
-
-
-def vllm_cpu_traces():
-    """Real vLLM-on-CPU runs of this workflow: their decode steps are the measured step."""
-    return [f"{d}/summary.json" for b in ENGINE_BATCHES
-            if b.engine == "vllm" and b.hardware == "cpu" for d in b.run_dirs()]
-
-
 rule overhead_env:
     output:
         "results/envs/{env}.json",
@@ -38,6 +10,8 @@ rule overhead_env:
         lock=lambda wc: hashlib.sha256(lock_file(wc.env).read_bytes()).hexdigest(),
     log:
         "logs/overhead/env_{env}.log",
+    conda:
+        "../envs/feather.yaml"
     shell:
         "{params.feather} overhead env --name {wildcards.env} --dest {params.dest:q} "
         "--status-out {output:q} > {log:q} 2>&1"
@@ -58,6 +32,8 @@ rule overhead_bench:
     log:
         "logs/overhead/bench.log",
     threads: workflow.cores  # alone on the machine: it measures CPU time
+    conda:
+        "../envs/feather.yaml"
     shell:
         "{params.feather} overhead run --spec {input.spec:q} --sweep {params.sweep} "
         "{params.envs} --out {output.table:q} > {log:q} 2>&1"
@@ -72,6 +48,8 @@ rule overhead_report:
         [f"figures/{n}.png" for n in OVERHEAD_FIGURES],
     params:
         feather=FEATHER,
+        spec=str(OVERHEAD_SPEC),
+        out_dir=lambda wc, output: str(Path(output[0]).parent),
         model=lambda wc: load_spec(OVERHEAD_SPEC).get("model", config["models"][0]),
         hardware=" ".join(f"--hardware {h}" for h in config["hardware"]
                           + config.get("hardware_comparison", [])),
@@ -80,7 +58,9 @@ rule overhead_report:
             for p in input.vllm),
     log:
         "logs/overhead/report.log",
+    conda:
+        "../envs/feather.yaml"
     shell:
-        "{params.feather} overhead report --bench {input.table:q} --model {params.model} "
-        "{params.hardware} {params.traces} --out-dir " + OVERHEAD_DIR + " --figures-dir figures "
-        "> {log:q} 2>&1"
+        "{params.feather} overhead report --spec {params.spec:q} --bench {input.table:q} "
+        "--model {params.model} {params.hardware} {params.traces} --out-dir {params.out_dir} "
+        "--figures-dir figures > {log:q} 2>&1"

@@ -1,0 +1,36 @@
+# Decode-attention kernels at kernel level (C1, C2, C7): `feather bench kernels` on this CPU,
+# and on the attached GPU too when there is one (its Triton kernels). GPU results made
+# elsewhere with `bash gpu/kernels.sh OUT` join the figure when copied to
+# results/<gpu>/kernels/kernels.json. config.yaml `kernel_bench:` default | quick | full | off.
+rule kernels_bench:
+    output:
+        "results/{machine}/kernels/kernels.json",
+    wildcard_constraints:
+        machine="|".join(re.escape(m) for m in KERNEL_MACHINES),
+    params:
+        feather=FEATHER,
+        code=source_digest(["kernels", "bench/kernels.py"]),
+        device=lambda wc: "cpu" if wc.machine == "cpu" else "cuda",
+        sweep="" if KERNEL_SWEEP in ("default", "off") else f"--{KERNEL_SWEEP}",
+    log:
+        "logs/kernels/{machine}.log",
+    threads: workflow.cores  # alone: it measures time
+    conda:
+        "../envs/feather.yaml"
+    shell:
+        "{params.feather} bench kernels --device {params.device} {params.sweep} --out {output:q} "
+        "> {log:q} 2>&1"
+
+
+rule kernels_figure:
+    input:
+        kernel_results(),
+    output:
+        "figures/kernels.png",
+    log:
+        "logs/figures/kernels.log",
+    run:
+        from feather.bench.kernel_figure import draw_files
+
+        with logged_to(log[0]):
+            draw_files(list(input), output[0])
