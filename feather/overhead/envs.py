@@ -12,6 +12,10 @@ status record `feather-env.json` written last (atomically):
 A failed build leaves only the record (never a half-built venv); an interrupted one leaves no
 record and is rebuilt; so the pipeline reports a baseline as skipped with the reason and goes
 on. A built environment whose lock file is unchanged is reused.
+
+`install_feather=True` also installs our package into the environment (`install_feather_into`):
+a link to it on the environment's path and a small dist-info carrying its SGLang plugin entry
+point, which is how SGLang's spawned scheduler process finds the plugin.
 """
 
 from __future__ import annotations
@@ -82,6 +86,52 @@ class EnvStatus:
         return self.path / "bin" / "python"
 
 
+FEATHER_DIST_INFO = "feather-{version}.dist-info"
+FEATHER_PTH = "feather-local.pth"
+FEATHER_LINK_DIR = "feather-link"  # inside the env: holds only the link `feather`
+
+
+def install_feather_into(env: Path) -> Path:
+    """Install our package into environment `env` (built by `build_env`) without pip: a link
+    to the package, a .pth putting the link's folder on the path, and a dist-info whose
+    entry points SGLang's plugin loader discovers. Idempotent; returns the dist-info."""
+    from feather.engines.sglang.plugin import (
+        ENTRY_POINT_GROUP,
+        ENTRY_POINT_NAME,
+        ENTRY_POINT_VALUE,
+    )
+
+    env = Path(env).absolute()
+    python = env / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    site = Path(purelib)
+    link_dir = env / FEATHER_LINK_DIR
+    package = Path(feather.__file__).resolve().parent
+    link = link_dir / "feather"
+    if not (link.is_symlink() and link.resolve() == package):
+        shutil.rmtree(link_dir, ignore_errors=True)
+        link_dir.mkdir(parents=True)
+        link.symlink_to(package)
+    (site / FEATHER_PTH).write_text(f"{link_dir}\n")
+    for old in site.glob(FEATHER_DIST_INFO.format(version="*")):
+        shutil.rmtree(old)
+    dist_info = site / FEATHER_DIST_INFO.format(version=feather.__version__)
+    dist_info.mkdir()
+    files = {
+        "METADATA": f"Metadata-Version: 2.1\nName: feather\nVersion: {feather.__version__}\n",
+        "entry_points.txt": f"[{ENTRY_POINT_GROUP}]\n{ENTRY_POINT_NAME} = {ENTRY_POINT_VALUE}\n",
+        "INSTALLER": "feather.overhead.envs\n",
+    }
+    for name, text in files.items():
+        (dist_info / name).write_text(text)
+    record = [f"{dist_info.name}/{name},," for name in [*files, "RECORD"]]
+    (dist_info / "RECORD").write_text("\n".join([*record, f"{FEATHER_PTH},,"]) + "\n")
+    return dist_info
+
+
 def read_status(dest: Path) -> dict[str, Any] | None:
     try:
         return json.loads((dest / STATUS_FILE).read_text())
@@ -114,8 +164,29 @@ def build_env(
     *,
     lock: Path | None = None,
     progress: Callable[[str], None] = lambda message: None,
+    install_feather: bool = False,
 ) -> EnvStatus:
-    """Build (or reuse) environment `name` at `dest`; never raises for a failed build."""
+    """Build (or reuse) environment `name` at `dest`; never raises for a failed build.
+    `install_feather`: also install our package there (see `install_feather_into`)."""
+    status = _build_env(name, dest, lock=lock, progress=progress)
+    if not (install_feather and status.ok):
+        return status
+    try:
+        dist_info = install_feather_into(status.path)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return EnvStatus(name, "skipped", status.path,
+                         reason=f"could not install feather into it: {exc}")
+    progress(f"{name}: feather installed ({dist_info.name})")
+    return status
+
+
+def _build_env(
+    name: str,
+    dest: Path,
+    *,
+    lock: Path | None,
+    progress: Callable[[str], None],
+) -> EnvStatus:
     lock = lock if lock is not None else lock_file(name)
     dest = Path(dest).absolute()
     digest = _sha256(lock)

