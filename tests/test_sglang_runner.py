@@ -35,6 +35,11 @@ def test_without_a_gpu_it_fails_before_reading_anything(tmp_path, monkeypatch, c
     assert "absent.parquet" not in err  # the workload was never opened
 
 
+def test_vllm_only_options_are_refused(tmp_path, capsys) -> None:
+    assert main([*_run_args(tmp_path), "--async-scheduling"]) == 2
+    assert "--async-scheduling: vLLM options" in capsys.readouterr().err
+
+
 def test_with_a_gpu_but_no_sglang_it_says_so(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr("feather.pipeline.gpu.attached_gpus", lambda: ["NVIDIA H200"])
     real_version = metadata.version

@@ -299,6 +299,13 @@ def run_cli(args: Any) -> int:
         if not args.quiet:
             print(f"[run] {message}", file=sys.stderr, flush=True)
 
+    vllm_only = [flag for flag, used in (
+        ("--cascade-attention", args.cascade_attention != "default"),
+        ("--async-scheduling", args.async_scheduling),
+    ) if used]
+    if vllm_only:
+        print(f"feather run: {', '.join(vllm_only)}: vLLM options, not SGLang's", file=sys.stderr)
+        return 2
     try:
         check_can_run()  # before the workload is read or anything starts
     except SGLangUnavailable as exc:
