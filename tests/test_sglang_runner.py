@@ -139,3 +139,71 @@ def test_the_pipeline_skips_sglang_with_the_reason_where_it_cannot_run(monkeypat
     with pytest.raises(engines.EngineUnavailableError, match="require_gpu"):
         engines.select_engines(["sglang"], gpus=[], require_gpu=True)
     assert engines.select_engines(["sglang"], gpus=["NVIDIA H200"]) == (["sglang"], [])
+
+
+class _Req:
+    def __init__(self, rid: str, ids: list[int]) -> None:
+        from array import array
+
+        self.rid, self.origin_input_ids = rid, array("q", ids)
+        self.output_ids: list[int] = []
+        self.prefix_len, self.extend_input_len, self.finished_reason = 0, len(ids), None
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+
+class _Mode:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def is_extend(self) -> bool:
+        return self.name == "EXTEND"
+
+
+class _FakeEngine:
+    """Stands in for sglang.Engine: its 'scheduler' writes records as ours does."""
+
+    def __init__(self, recorder) -> None:
+        self.recorder = recorder
+
+    def flush_cache(self):
+        self.recorder.new_run()
+        return SimpleNamespace(success=True)
+
+    def generate(self, input_ids, sampling_params, rid):
+        reqs = [_Req(r, ids) for r, ids in zip(rid, input_ids, strict=True)]
+        batch = SimpleNamespace(reqs=reqs, forward_mode=_Mode("EXTEND"), decoding_reqs=None)
+        self.recorder.on_schedule(batch, start_s=0.0, cpu_s=0.0, wall_s=0.0, policy_cpu_s=0.0,
+                                  waiting=0, record=None)
+        for req in reqs:
+            req.output_ids.append(1)
+        self.recorder.on_result()
+        decode = SimpleNamespace(reqs=reqs, forward_mode=_Mode("DECODE"))
+        for _ in range(max(p["max_new_tokens"] for p in sampling_params) - 1):
+            self.recorder.on_schedule(decode, start_s=self.recorder.now(), cpu_s=0.0,
+                                      wall_s=0.0, policy_cpu_s=0.0, waiting=0, record=None)
+            for req, p in zip(reqs, sampling_params, strict=True):
+                if not req.finished():
+                    req.output_ids.append(1)
+                    if len(req.output_ids) == p["max_new_tokens"]:
+                        req.finished_reason = "length"
+            self.recorder.on_result()
+        return [{"meta_info": {"completion_tokens": len(r.output_ids)}} for r in reqs]
+
+
+def test_a_session_reads_back_what_the_scheduler_recorded(tmp_path: Path) -> None:
+    from feather.engines.sglang.records import StepRecorder
+
+    workload = load_workload(WORKLOAD)
+    recorder = StepRecorder(tmp_path, {"name": "sglang"})
+    session = object.__new__(runner.SGLangSession)
+    session.engine, session.trace_file = _FakeEngine(recorder), recorder.path
+    for repeat in range(2):
+        steps, reqs = session.run(workload, repeat, "feather-static:")
+        assert len(reqs) == len(workload.requests)
+        assert steps[0]["admitted"] == len(workload.requests)
+        assert steps[0]["distinct_groups"] == 2  # the groups travel in the request ids
+        assert sum(s["sampled_tokens"] for s in steps) == sum(
+            r.output_len for r in workload.requests
+        )

@@ -155,8 +155,9 @@ class SGLangSession:
 
     def run(self, workload: Any, repeat: int, run_tag: str) -> tuple[list, list]:
         """All requests at t=0 to completion; (step rows, request rows) of this run."""
-        if not self.engine.flush_cache():
-            raise RuntimeError("SGLang refused to flush its cache between runs")
+        flushed = self.engine.flush_cache()  # FlushCacheReqOutput in 0.5.2x, a bool before
+        if not getattr(flushed, "success", flushed):
+            raise RuntimeError(f"SGLang did not flush its cache between runs: {flushed!r}")
         requests = workload.requests
         rids = [request_id_for(f"{run_tag}r{repeat}", i, r.group_id)
                 for i, r in enumerate(requests)]
