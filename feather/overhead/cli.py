@@ -111,7 +111,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     for name, frame in (("speedups", speedups), ("fractions", fractions)):
         with atomic_target(out / f"{name}.parquet") as tmp:
             frame.to_parquet(tmp, index=False)
-    skipped = json.loads(Path(args.bench).with_suffix(".json").read_text()).get("skipped", [])
+    record = Path(args.bench).with_suffix(".json")  # absent for a table assembled by hand
+    skipped = json.loads(record.read_text()).get("skipped", []) if record.exists() else []
     text = report.markdown(rows, speedups, fractions, model.name, cpu_step, skipped)
     write_text_atomic(out / "overhead.md", text)
     draw_all(rows, speedups, fractions, Path(args.figures_dir))
