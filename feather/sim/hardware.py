@@ -8,6 +8,7 @@ to it; nothing here is fitted to the paper's results.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -245,8 +246,23 @@ def hardware_names() -> list[str]:
 
 
 def get_hardware(name: str) -> HardwareProfile:
+    """The profile, with its L2 read rate measured on the real GPU where a kernel calibration
+    file for it is in `feather/sim/data/calibration/` (see `feather.sim.kernel_calibration`)."""
     try:
-        return _HARDWARE[name]
+        profile = _HARDWARE[name]
     except KeyError:
         known = ", ".join(_HARDWARE)
         raise ValueError(f"unknown hardware {name!r}; known hardware: {known}") from None
+    calibration = _kernel_calibrations().get(name)
+    if calibration is None:
+        return profile
+    from feather.sim.kernel_calibration import apply
+
+    return apply(profile, *calibration)
+
+
+@functools.cache
+def _kernel_calibrations() -> dict[str, tuple[dict, str]]:
+    from feather.sim.kernel_calibration import load_directory
+
+    return load_directory()
