@@ -413,7 +413,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         params=_parse_params(args.param),
         progress=None if args.quiet else stderr_progress,
     )
+    from feather.provenance import collect_provenance
+
     report = {"hardware": args.hardware, "model": args.model, "training": trained}
+    settings = {k: v for k, v in vars(args).items() if k != "func"}
+    report["provenance"] = collect_provenance(
+        config=settings, seed=None, extra={"engine": {"name": "sim"}}
+    )
     if args.eval_workload:
         report["evaluation"] = evaluate(
             args.out,
