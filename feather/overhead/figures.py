@@ -51,36 +51,49 @@ def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str) -> None:
     ax.legend(fontsize=7)
 
 
-def vs_prefix(rows: pd.DataFrame, path: Path) -> None:
-    rows = with_labels(rows)
-    w = _most_common(rows, "waiting", prefer=1000)
-    sub = rows[rows.waiting == w]
-    sub = sub[sub.groups == _most_common(sub, "groups")]
+# The sweep varies one case field at a time; a figure along `x` holds the others at these
+# values (or, where the sweep lacks them, at their most common value).
+_PREFERRED = {"waiting": 1000, "prefix_tokens": 4096, "groups": 8, "batch": 64, "page": 16,
+              "suffix_tokens": 64, "seed": 0}
+
+
+def _along(rows: pd.DataFrame, x: str, prefer: dict[str, int] | None = None) -> pd.DataFrame:
+    """The rows of one line of cases along `x`: every other case field held fixed."""
+    prefer = {**_PREFERRED, **(prefer or {})}
+    for column, value in prefer.items():
+        if column != x and column in rows:
+            rows = rows[rows[column] == _most_common(rows, column, prefer=value)]
+    return rows
+
+
+def _cost_along(rows: pd.DataFrame, path: Path, x: str, xlabel: str, title: str,
+                prefer: dict[str, int] | None = None) -> None:
+    sub = _along(with_labels(rows), x, prefer)
     fig, ax = plt.subplots(figsize=(8, 5))
-    _lines(ax, sub, "prefix_tokens")
-    ax.set_xlabel("shared prefix length (tokens, log)")
-    ax.set_title(f"C3/C4: prefix-detection cost vs prefix length ({w:,} waiting)\n"
-                 "a radix tree matches every waiting request's tokens; the CHT does not")
+    _lines(ax, sub, x)
+    ax.set_xlabel(xlabel)
+    held = sub.iloc[0] if len(sub) else {}
+    ax.set_title(title.format(**{k: f"{int(v):,}" for k, v in dict(held).items()
+                                 if k in _PREFERRED}))
     _save(fig, path)
+
+
+def vs_prefix(rows: pd.DataFrame, path: Path) -> None:
+    _cost_along(rows, path, "prefix_tokens", "shared prefix length (tokens, log)",
+                "C3/C4: prefix-detection cost vs prefix length ({waiting} waiting)\n"
+                "a radix tree matches every waiting request's tokens; the CHT does not")
 
 
 def vs_waiting(rows: pd.DataFrame, path: Path) -> None:
-    rows = with_labels(rows)
-    p = _most_common(rows, "prefix_tokens", prefer=4096)
-    sub = rows[rows.prefix_tokens == p]
-    sub = sub[sub.groups == _most_common(sub, "groups")]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    _lines(ax, sub, "waiting")
-    ax.set_xlabel("waiting requests W (log)")
-    ax.set_title(f"C3/C4: prefix-detection cost vs waiting-queue size ({p:,}-token prefixes)\n"
-                 "SGLang lpm turns into FCFS above 128 waiting; the CHT stays O(log W)")
-    _save(fig, path)
+    _cost_along(rows, path, "waiting", "waiting requests W (log)",
+                "C3/C4: prefix-detection cost vs waiting-queue size ({prefix_tokens}-token "
+                "prefixes)\nSGLang lpm turns into FCFS above 128 waiting; the CHT stays O(log W)")
 
 
 def speedup(speedups: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
-    w = _most_common(speedups, "waiting", prefer=1000)
-    sub = speedups[speedups.waiting == w]
+    sub = _along(speedups, "prefix_tokens")
+    w = int(sub.waiting.iloc[0]) if len(sub) else 0
     for i, (name, group) in enumerate(sub.groupby("label", sort=False)):
         group = group.groupby("prefix_tokens", as_index=False)["speedup"].median()
         ax.plot(group.prefix_tokens, group.speedup, label=name, **_style(name, i))
@@ -97,9 +110,9 @@ def speedup(speedups: pd.DataFrame, path: Path) -> None:
 
 
 def fraction(fractions: pd.DataFrame, path: Path) -> None:
-    w = _most_common(fractions, "waiting", prefer=1000)
-    p = _most_common(fractions, "prefix_tokens", prefer=16384)
-    sub = fractions[(fractions.waiting == w) & (fractions.prefix_tokens == p)]
+    sub = _along(fractions, "step_on", {"prefix_tokens": 16384})
+    w = int(sub.waiting.iloc[0]) if len(sub) else 0
+    p = int(sub.prefix_tokens.iloc[0]) if len(sub) else 0
     table = sub.pivot_table(index="label", columns="step_on", values="fraction", sort=False)
     fig, ax = plt.subplots(figsize=(11, 6))
     table.mul(100).plot.barh(ax=ax, logx=True, width=0.8)
