@@ -32,6 +32,7 @@ from feather.kernels.paged_decode import (
     _check_inputs,
     _interpreting,
     _next_pow2,
+    attend_blocks_jit,
     tile_tokens_for,
 )
 from feather.kernels.plan import Segment
@@ -42,6 +43,7 @@ DEFAULT_QUERY_TILE = 16  # queries packed per program for shared segments
 _MAX_ROWS = 128  # packed (query, head) rows per program: bounds the fp32 accumulator
 
 tl = None  # triton.language, bound by `_triton_kernel`
+_attend_blocks = None  # paged_decode's shared loop as a Triton function, bound there too
 
 
 def _segment_decode_kernel(
@@ -101,42 +103,12 @@ def _segment_decode_kernel(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-    for tile in range(0, tl.cdiv(n_tokens, TILE_TOKENS)):
-        tokens = tile * TILE_TOKENS + offs_t
-        t_mask = tokens < n_tokens
-        block_ids = tl.load(blocks_ptr + first_block + tokens // BLOCK_SIZE, mask=t_mask, other=0)
-        block_ids = block_ids.to(tl.int64)
-        slots = tokens % BLOCK_SIZE
-        k_offs = (
-            block_ids[:, None] * stride_k_block
-            + slots[:, None] * stride_k_token
-            + kv_head * stride_k_head
-            + offs_d[None, :]
-        )
-        k = tl.load(k_ptr + k_offs, mask=t_mask[:, None], other=0.0)
-        if DOT_FP32:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = s * scale_log2
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_offs = (
-            block_ids[:, None] * stride_v_block
-            + slots[:, None] * stride_v_token
-            + kv_head * stride_v_head
-            + offs_d[None, :]
-        )
-        v = tl.load(v_ptr + v_offs, mask=t_mask[:, None], other=0.0)
-        if DOT_FP32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    m_i, l_i, acc = _attend_blocks(
+        q, k_ptr, v_ptr, blocks_ptr + first_block, n_tokens, kv_head, scale_log2,
+        stride_k_block, stride_k_token, stride_k_head,
+        stride_v_block, stride_v_token, stride_v_head,
+        m_i, l_i, acc, offs_t, offs_d, BLOCK_SIZE, TILE_TOKENS, DOT_FP32,
+    )
 
     rows = (first_row + local).to(tl.int64)
     o_offs = rows[:, None] * stride_po_row + heads[:, None] * stride_po_head + offs_d[None, :]
@@ -148,11 +120,12 @@ def _segment_decode_kernel(
 @functools.cache
 def _triton_kernel():
     """Import Triton and JIT the kernel (once; honours TRITON_INTERPRET set before this)."""
-    global tl
+    global tl, _attend_blocks
     import triton
     import triton.language
 
     tl = triton.language
+    _attend_blocks = attend_blocks_jit()
     return triton.jit(_segment_decode_kernel)
 
 

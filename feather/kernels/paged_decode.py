@@ -45,6 +45,7 @@ _TILE_TOKENS_TARGET = 64  # tokens per loop iteration: several blocks in flight 
 _LOG2_E = 1.4426950408889634
 
 tl = None  # triton.language, bound by `_triton_kernel` (the kernel body resolves it here)
+_attend_blocks = None  # the JIT of `_attend_blocks_fn`, bound by `attend_blocks_jit`
 
 
 def _check_inputs(
@@ -122,6 +123,70 @@ def paged_decode_reference(
     return out
 
 
+def _attend_blocks_fn(
+    q,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    n_tokens,
+    kv_head,
+    scale_log2,
+    stride_k_block,
+    stride_k_token,
+    stride_k_head,
+    stride_v_block,
+    stride_v_token,
+    stride_v_head,
+    m_i,
+    l_i,
+    acc,
+    offs_t,
+    offs_d,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_TOKENS: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    """The online softmax of `q`'s rows over `n_tokens` tokens of KV reached through the block
+    table at `table_ptr`, continuing (m_i, l_i, acc) - the loop every decode kernel here
+    shares (this one per sequence, `attend_triton`'s per segment of blocks)."""
+    for tile in range(0, tl.cdiv(n_tokens, TILE_TOKENS)):
+        tokens = tile * TILE_TOKENS + offs_t
+        t_mask = tokens < n_tokens
+        block_ids = tl.load(table_ptr + tokens // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
+        slots = tokens % BLOCK_SIZE
+        k_offs = (
+            block_ids[:, None] * stride_k_block
+            + slots[:, None] * stride_k_token
+            + kv_head * stride_k_head
+            + offs_d[None, :]
+        )
+        k = tl.load(k_ptr + k_offs, mask=t_mask[:, None], other=0.0)
+        if DOT_FP32:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * scale_log2
+        s = tl.where(t_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_offs = (
+            block_ids[:, None] * stride_v_block
+            + slots[:, None] * stride_v_token
+            + kv_head * stride_v_head
+            + offs_d[None, :]
+        )
+        v = tl.load(v_ptr + v_offs, mask=t_mask[:, None], other=0.0)
+        if DOT_FP32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
 def _paged_decode_kernel(
     q_ptr,
     k_ptr,
@@ -165,41 +230,12 @@ def _paged_decode_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    for tile in range(0, tl.cdiv(seq_len, TILE_TOKENS)):
-        tokens = tile * TILE_TOKENS + offs_t
-        t_mask = tokens < seq_len
-        block_ids = tl.load(table_row + tokens // BLOCK_SIZE, mask=t_mask, other=0).to(tl.int64)
-        slots = tokens % BLOCK_SIZE
-        k_offs = (
-            block_ids[:, None] * stride_k_block
-            + slots[:, None] * stride_k_token
-            + kv_head * stride_k_head
-            + offs_d[None, :]
-        )
-        k = tl.load(k_ptr + k_offs, mask=t_mask[:, None], other=0.0)
-        if DOT_FP32:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = s * scale_log2
-        s = tl.where(t_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_offs = (
-            block_ids[:, None] * stride_v_block
-            + slots[:, None] * stride_v_token
-            + kv_head * stride_v_head
-            + offs_d[None, :]
-        )
-        v = tl.load(v_ptr + v_offs, mask=t_mask[:, None], other=0.0)
-        if DOT_FP32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    m_i, l_i, acc = _attend_blocks(
+        q, k_ptr, v_ptr, table_row, seq_len, kv_head, scale_log2,
+        stride_k_block, stride_k_token, stride_k_head,
+        stride_v_block, stride_v_token, stride_v_head,
+        m_i, l_i, acc, offs_t, offs_d, BLOCK_SIZE, TILE_TOKENS, DOT_FP32,
+    )
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     result = acc / l_safe[:, None]
@@ -215,7 +251,20 @@ def _triton_kernel():
     import triton.language
 
     tl = triton.language
+    attend_blocks_jit()
     return triton.jit(_paged_decode_kernel)
+
+
+@functools.cache
+def attend_blocks_jit():
+    """The shared loop as a Triton function (once), bound here for the kernels to call."""
+    global tl, _attend_blocks
+    import triton
+    import triton.language
+
+    tl = triton.language
+    _attend_blocks = triton.jit(_attend_blocks_fn)
+    return _attend_blocks
 
 
 def _interpreting() -> bool:
