@@ -115,8 +115,15 @@ def launches_per_step(kernel: str, plan: Sequence[Any]) -> int:
 
 
 def ncu_command(
-    ncu: str, metrics: Sequence[str], config: str, kernel: str, launches: int, args: Any
+    probe: Any,
+    ncu: str,
+    metrics: Sequence[str],
+    config: str,
+    kernel: str,
+    launches: int,
+    args: Any,
 ) -> list[str]:
+    """ncu over this script in child mode: skip one step's warm-up launches, profile a step's."""
     child = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -130,25 +137,7 @@ def ncu_command(
     ]
     if args.quick:
         child.append("--quick")
-    return [
-        ncu,
-        "--csv",
-        "--print-units",
-        "base",
-        "--metrics",
-        ",".join(metrics),
-        "--kernel-name",
-        f"regex:{NCU_KERNELS}",
-        "--launch-skip",
-        str(launches),
-        "--launch-count",
-        str(launches),
-        "--cache-control",
-        "all",
-        "--clock-control",
-        "none",
-        *child,
-    ]
+    return [*probe.ncu_args(ncu, metrics, NCU_KERNELS, launches, launches), *child]
 
 
 def combine_launches(launches: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -238,7 +227,7 @@ def profile_one(
     plan, by_construction = kv_bytes(kernel)
     logical, unique = kv_bytes("paged")[1].kv, kv_bytes("pat")[1].kv
     launches = launches_per_step(kernel, plan)
-    cmd = ncu_command(ncu, metrics, batch.name, kernel, launches, args)
+    cmd = ncu_command(probe, ncu, metrics, batch.name, kernel, launches, args)
     run = probe.run_bounded(cmd, min(NCU_CALL_TIMEOUT_S, timeout_s))
     parsed = probe.parse_ncu_csv(run["stdout"]) or probe.parse_ncu_csv(run["stderr"])
     record: dict[str, Any] = {

@@ -594,11 +594,13 @@ def _fmt(value: float | None, divisor: float, width: int, digits: int) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def ncu_command(
-    ncu: str, metrics: Sequence[str], config: str, kernel_regex: str, smoke: bool
+def ncu_args(
+    ncu: str, metrics: Sequence[str], kernel_regex: str, skip: int, count: int
 ) -> list[str]:
-    """ncu over this script in single-config mode: skip the warm-up, profile the next launch."""
-    cmd = [
+    """Nsight Compute's flags, before the profiled command (gpu/kernel_bench.py uses them too):
+    CSV in base units, `count` launches of matching kernels after `skip`, caches flushed
+    between them, clocks left as the GPU sets them."""
+    return [
         ncu,
         "--csv",
         "--print-units",
@@ -608,13 +610,22 @@ def ncu_command(
         "--kernel-name",
         f"regex:{kernel_regex}",
         "--launch-skip",
-        "1",
+        str(skip),
         "--launch-count",
-        "1",
+        str(count),
         "--cache-control",
         "all",
         "--clock-control",
         "none",
+    ]
+
+
+def ncu_command(
+    ncu: str, metrics: Sequence[str], config: str, kernel_regex: str, smoke: bool
+) -> list[str]:
+    """ncu over this script in single-config mode: skip the warm-up, profile the next launch."""
+    cmd = [
+        *ncu_args(ncu, metrics, kernel_regex, skip=1, count=1),
         sys.executable,
         str(Path(__file__).resolve()),
         "--config",
