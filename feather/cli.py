@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import feather
+from feather.profiles import register_profiles
 
 
 def _positive_sizes(text: str) -> list[int]:
@@ -216,44 +217,6 @@ def _parse_params(items: list[str] | None) -> dict:
     return params
 
 
-def _typed(cls: type, fields: dict) -> dict:
-    """Profile fields converted to the dataclass's declared types (YAML reads `3.0e12` as
-    text); a value that does not convert is a clear error naming the field."""
-    import dataclasses
-
-    casts = {"int": int, "float": float, "str": str, "bool": bool}
-    known = {f.name: f.type for f in dataclasses.fields(cls)}
-    unknown = sorted(set(fields) - set(known))
-    if unknown:
-        raise ValueError(f"{cls.__name__} {fields.get('name')!r}: unknown fields {unknown}")
-    out = {}
-    for key, value in fields.items():
-        cast = casts.get(str(known[key]))
-        try:
-            out[key] = cast(float(value)) if cast is int else cast(value) if cast else value
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"{cls.__name__} {fields.get('name')!r}: field {key} = {value!r} is not "
-                f"{known[key]}"
-            ) from exc
-    return out
-
-
-def register_profiles(hardware: list[str] | None, models: list[str] | None) -> None:
-    """User profiles given as JSON objects (fields of HardwareProfile / ModelProfile)."""
-    from feather.models import ModelProfile, model_names, register_model
-    from feather.sim.hardware import HardwareProfile, hardware_names, register_hardware
-
-    for text in hardware or []:
-        fields = json.loads(text)
-        if fields.get("name") not in hardware_names():
-            register_hardware(HardwareProfile(**_typed(HardwareProfile, fields)))
-    for text in models or []:
-        fields = json.loads(text)
-        if fields.get("name") not in model_names():
-            register_model(ModelProfile(**_typed(ModelProfile, fields)))
-
-
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from feather.sim.run import SimulationSpec, simulate, stderr_progress, write_run
 
@@ -290,34 +253,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_runs(items: list[str], seed: int, repeats: int) -> list:
-    """`--scheduler` values (a name, or a JSON object with label/class/params) x repeats,
-    interleaved: repeat 0 of every scheduler, then repeat 1, ... (drift hits all alike)."""
-    from feather.engines.vllm.runner import VllmRun
-
-    specs = []
-    for item in items:
-        if item.lstrip().startswith("{"):
-            raw = json.loads(item)
-            unknown = set(raw) - {"label", "class", "params"}
-            if unknown or "label" not in raw:
-                raise ValueError(
-                    f"--scheduler {item!r}: a JSON scheduler needs 'label' and may have "
-                    f"'class' and 'params' (unknown: {sorted(unknown)})"
-                )
-            specs.append((raw["label"], raw.get("class", raw["label"]), raw.get("params", {})))
-        else:
-            specs.append((item, item, {}))
-    labels = [label for label, _, _ in specs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"--scheduler labels must be distinct, got {labels}")
-    return [
-        VllmRun("", label, cls, params, seed, repeat)
-        for repeat in range(repeats)
-        for label, cls, params in specs
-    ]
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.engine == "sglang":  # GPU only; its runner says why not before reading anything
         from feather.engines.sglang.runner import run_cli
@@ -326,6 +261,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
+    from feather.engines.runs import engine_runs
     from feather.engines.vllm.runner import (
         EngineSetup,
         VllmSession,
@@ -336,7 +272,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from feather.workloads import load_workload
 
     register_profiles(None, args.model_profile)
-    runs = _engine_runs(args.scheduler, args.seed, args.repeats)
+    runs = engine_runs(args.scheduler, args.seed, args.repeats)
     for run in runs:
         if run.scheduler_class != "fcfs":
             resolve_scheduler(run.scheduler_class)  # an unknown name fails before the engine starts

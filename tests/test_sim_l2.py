@@ -8,12 +8,12 @@ import statistics
 
 import pytest
 
+from feather.batch_tree import BatchTree
 from feather.bench.l2 import bench_batch, l2_bench
 from feather.sim.l2 import (
     GRID_ORDERS,
     HEAD_FASTEST,
     SEQUENCE_FASTEST,
-    BatchTree,
     KernelGrid,
     exact_l2,
     fast_l2,

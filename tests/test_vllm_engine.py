@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from feather.engines.vllm.runner import EngineSetup, VllmRun, VllmSession, write_vllm_run
+from feather.engines.runs import EngineRun
+from feather.engines.vllm.runner import EngineSetup, VllmSession, write_vllm_run
 from feather.workloads import build
 from feather.workloads.builder import BuildOptions
 
@@ -47,7 +48,7 @@ def results(workload, tmp_path_factory):
     try:
         out = {}
         for name in POLICIES:
-            result = session.run(VllmRun("leval-slice", name), workload)
+            result = session.run(EngineRun("leval-slice", name), workload)
             out[name] = (result, write_vllm_run(result, root / name))
         return out
     finally:

@@ -17,10 +17,11 @@ import random
 import time
 from dataclasses import dataclass
 
+from feather.batch_tree import BatchTree
 from feather.models import get_model
 from feather.sim.cost import attention_grid
 from feather.sim.hardware import get_hardware
-from feather.sim.l2 import BatchTree, clear_fast_cache, fast_l2, fast_l2_tree
+from feather.sim.l2 import clear_fast_cache, fast_l2, fast_l2_tree
 
 PREFIX_TOKENS = 3_900
 SUFFIX_TOKENS = (100, 300)

@@ -1,8 +1,9 @@
 """The prefix tree of a decode batch's block tables, as the PAT-style kernel walks it.
 
-One tree builder in the project: `feather.sim.l2.BatchTree.build` (the simulator's L2 and PAT
-cost models use it too). This module only turns block tables into the keys it needs and its
-nodes into what a kernel reads: physical block ids, token counts and the requests beneath.
+One tree builder in the project: `feather.batch_tree.BatchTree.build` (the simulator's L2
+and PAT cost models use it too). This module only turns block tables into the keys it needs
+and its nodes into what a kernel reads: physical block ids, token counts and the requests
+beneath.
 
 Keys. BatchTree relies on sharing being prefix-closed (equal ids at position p imply equal
 prefixes before p). Engines guarantee that (cumulative block hashes), arbitrary block tables
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from feather.sim.l2 import BatchTree
+from feather.batch_tree import BatchTree
 
 
 @dataclass(frozen=True, slots=True)

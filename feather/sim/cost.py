@@ -21,13 +21,13 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from feather.batch_tree import BatchTree
 from feather.models import ModelProfile
 from feather.sim.batch import BatchStep
 from feather.sim.hardware import HardwareProfile
 from feather.sim.l2 import (
     HEAD_FASTEST,
     SEQUENCE_FASTEST,
-    BatchTree,
     KernelGrid,
     L2Result,
     exact_l2,

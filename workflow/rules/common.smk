@@ -54,7 +54,7 @@ def _fail(message):
 
 def _register_profiles():
     """User profiles from the config, registered here and passed to every simulate job."""
-    from feather.cli import register_profiles
+    from feather.profiles import register_profiles
 
     try:
         register_profiles(

@@ -290,8 +290,9 @@ def run_cli(args: Any) -> int:
     import json
     import sys
 
-    from feather.cli import _engine_runs, register_profiles
+    from feather.engines.runs import engine_runs
     from feather.policies import resolve_scheduler
+    from feather.profiles import register_profiles
     from feather.rundir import write_run_dir
     from feather.telemetry import NVML_FILE, NvmlSampler
     from feather.workloads import load_workload
@@ -313,7 +314,7 @@ def run_cli(args: Any) -> int:
         print(f"feather run: {exc}", file=sys.stderr)
         return 2
     register_profiles(None, args.model_profile)
-    runs = _engine_runs(args.scheduler, args.seed, args.repeats)
+    runs = engine_runs(args.scheduler, args.seed, args.repeats)
     for run in runs:
         if not is_native(run.scheduler_class, run.params):
             resolve_scheduler(run.scheduler_class)

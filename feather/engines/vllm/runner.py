@@ -16,7 +16,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from feather.engines.model_dir import model_directory
+from feather.engines.runs import EngineRun
 from feather.metrics import latency_summary
 from feather.models import get_model
 from feather.pipeline.gpu import attached_gpus
@@ -71,18 +72,6 @@ class EngineSetup:
                 f"cascade_attention must be one of {', '.join(CASCADE_CHOICES)}, "
                 f"got {self.cascade_attention!r}"
             )
-
-
-@dataclass(frozen=True)
-class VllmRun:
-    """One run: a workload through one scheduler (repeat k of n)."""
-
-    workload: str
-    scheduler: str  # the label figures show
-    scheduler_class: str = ""  # registry name or package.module:Class ("" = the label)
-    params: dict[str, Any] = field(default_factory=dict)
-    seed: int = 0
-    repeat: int = 0
 
 
 @dataclass
@@ -222,7 +211,7 @@ class VllmSession:
             "startup_s": self.startup_s,
         }
 
-    def run(self, run: VllmRun, workload: Workload, progress=None) -> VllmResult:
+    def run(self, run: EngineRun, workload: Workload, progress=None) -> VllmResult:
         """Run every request of the workload to completion under one scheduler."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -315,7 +304,7 @@ class VllmSession:
         )
         return VllmResult(summary, trace, request_table, series)
 
-    def _policy_facts(self, run: VllmRun) -> dict[str, Any]:
+    def _policy_facts(self, run: EngineRun) -> dict[str, Any]:
         policy = self.scheduler.policy
         if policy is None:
             return {"name": run.scheduler, "class": "vllm FCFSRequestQueue (native)", "params": {}}
@@ -326,7 +315,7 @@ class VllmSession:
         }
 
     def _summary(
-        self, run: VllmRun, workload: Workload, trace: pa.Table, requests: pa.Table
+        self, run: EngineRun, workload: Workload, trace: pa.Table, requests: pa.Table
     ) -> dict[str, Any]:
         cols = requests.to_pydict()
         summary = latency_summary(

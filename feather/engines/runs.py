@@ -1,0 +1,46 @@
+"""What a real-engine run is (a workload through one scheduler, repeat k of n), shared by the
+vLLM and SGLang runners and the `feather run` command line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One run: a workload through one scheduler (repeat k of n)."""
+
+    workload: str
+    scheduler: str  # the label figures show
+    scheduler_class: str = ""  # registry name or package.module:Class ("" = the label)
+    params: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    repeat: int = 0
+
+
+def engine_runs(items: list[str], seed: int, repeats: int) -> list[EngineRun]:
+    """`--scheduler` values (a name, or a JSON object with label/class/params) x repeats,
+    interleaved: repeat 0 of every scheduler, then repeat 1, ... (drift hits all alike)."""
+    specs = []
+    for item in items:
+        if item.lstrip().startswith("{"):
+            raw = json.loads(item)
+            unknown = set(raw) - {"label", "class", "params"}
+            if unknown or "label" not in raw:
+                raise ValueError(
+                    f"--scheduler {item!r}: a JSON scheduler needs 'label' and may have "
+                    f"'class' and 'params' (unknown: {sorted(unknown)})"
+                )
+            specs.append((raw["label"], raw.get("class", raw["label"]), raw.get("params", {})))
+        else:
+            specs.append((item, item, {}))
+    labels = [label for label, _, _ in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"--scheduler labels must be distinct, got {labels}")
+    return [
+        EngineRun("", label, cls, params, seed, repeat)
+        for repeat in range(repeats)
+        for label, cls, params in specs
+    ]
