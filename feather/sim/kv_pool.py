@@ -31,6 +31,9 @@ class BlockPool:
         self._hash: list[Hashable | None] = [None] * num_blocks
         self._cached: dict[Hashable, int] = {}
         self._held: dict[Hashable, list[int]] = {}
+        # Per sequence, how many of its leading blocks are registered: a held block is never
+        # evicted, so they stay registered until the sequence frees them.
+        self._registered: dict[Hashable, int] = {}
         self.evictions = 0
 
     # ---- queries ---------------------------------------------------------------------------
@@ -97,15 +100,20 @@ class BlockPool:
         if not self.enable_caching:
             return
         held = self._held.get(seq_id, ())
-        for i in range(min(num_tokens // self.block_size, len(held), len(hashes))):
+        start = self._registered.get(seq_id, 0)
+        stop = min(num_tokens // self.block_size, len(held), len(hashes))
+        for i in range(start, stop):
             block = held[i]
             if self._hash[block] is None:
                 h = hashes[i]
                 self._hash[block] = h
                 self._cached.setdefault(h, block)
+        if stop > start:
+            self._registered[seq_id] = stop
 
     def free(self, seq_id: Hashable) -> None:
         """Drop the sequence's references; see the module docstring for the queue order."""
+        self._registered.pop(seq_id, None)
         for block in reversed(self._held.pop(seq_id, [])):
             self._ref[block] -= 1
             if self._ref[block] == 0:
