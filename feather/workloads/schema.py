@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from feather.atomic import atomic_target, write_json_atomic
+from feather.workloads.regime import distinct_shared_prefix_tokens
 
 SCHEMA = pa.schema(
     [
@@ -160,6 +161,8 @@ def compute_statistics(requests: Sequence[WorkloadRequest]) -> dict[str, Any]:
         "shared_prefix_tokens_per_group": summary(prefixes),
         "shared_groups_with_prefix_1k_to_10k": sum(1000 <= p <= 10_000 for p in prefixes),
         "prompt_tokens": prompt_tokens,
+        # what a KV pool must hold to keep every shared prefix at once (see regime.py)
+        "distinct_shared_prefix_tokens": distinct_shared_prefix_tokens(requests),
         "prompt_len": summary([r.prompt_len for r in requests]),
         "output_len": summary([r.output_len for r in requests]),
         "fraction_prompt_tokens_in_shared_prefix": (
