@@ -234,6 +234,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
+        kv_pool_fraction=args.kv_pool_fraction,
         sched_time=args.sched_time,
         overlap_scheduling=args.overlap_scheduling,
     )
@@ -536,6 +537,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--max-num-batched-tokens", type=int, default=8192)
     sim.add_argument("--block-size", type=int, default=16)
     sim.add_argument("--num-blocks", type=int, help="KV pool size (default: from memory)")
+    sim.add_argument(
+        "--kv-pool-fraction",
+        type=float,
+        help="KV pool as this fraction of the workload's distinct shared-prefix tokens "
+        "(memory-regime sweeps; instead of --num-blocks)",
+    )
     sim.add_argument(
         "--sched-time",
         choices=["model", "zero"],

@@ -27,6 +27,20 @@ class InvalidRunError(ValueError):
     """A run directory whose summary cannot be trusted or used."""
 
 
+# the regime a run ran in (feather/workloads/regime.py): what its numbers can show
+REGIME_COLUMNS = (
+    "arrival_order",
+    "order_seed",
+    "output_regime",
+    "arrival",
+    "load_factor",
+    "kv_pool_tokens",
+    "distinct_shared_prefix_tokens",
+    "pool_to_prefix_ratio",
+    "device_kv_pool_tokens",
+    "pool_hypothetical",
+)
+
 # the NVML means the table carries (per run: the mean over its GPUs of each GPU's mean)
 NVML_COLUMNS = ("sm_util_pct", "mem_util_pct", "gpm_dram_bw_util_pct", "power_w")
 
@@ -115,6 +129,7 @@ def summary_row(path: Path) -> dict[str, Any]:
         "engine_mode": config.get("engine_mode"),
         "seed": provenance["seed"],
         "repeat": config.get("repeat", 0),
+        **{key: summary.get(key) for key in REGIME_COLUMNS},
         "requests": summary["requests"],
         "output_tok_s": summary["output_tok_s"],
         "total_tok_s": summary.get("total_tok_s"),
