@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from feather.atomic import atomic_target
+from feather.sim.attribution import PARTS as TIME_PARTS  # where a simulated run's time went
 from feather.telemetry.devices import device_name
 
 REQUIRED_METRICS = ("requests", "output_tok_s", "makespan_s", "ttft_s", "tpot_s")
@@ -145,6 +146,12 @@ def summary_row(path: Path) -> dict[str, Any]:
         "l2_hit_rate": summary.get("l2_hit_rate"),
         "kv_read_bytes": summary.get("kv_read_bytes"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
+        "preemptions": summary.get("preemptions"),
+        "pool_evictions": summary.get("pool_evictions"),
+        "prefill_tokens_computed": summary.get("prefill_tokens_computed"),
+        "prefill_tokens_recomputed": summary.get("prefill_tokens_recomputed"),
+        **{f"time_{part}_s": (summary.get("time_split_s") or {}).get(part)
+           for part in TIME_PARTS},
         "cascade_steps": summary.get("cascade_steps"),
         "sched_fraction_of_step_time": summary.get("sched_fraction_of_step_time"),
         "sched_cpu_s_measured": summary.get("sched_cpu_s_measured"),
