@@ -172,6 +172,27 @@ def _cmd_workload_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_workload_retime(args: argparse.Namespace) -> int:
+    from feather.workloads import read_workload, write_workload
+    from feather.workloads.retime import retime, retime_at_load
+
+    if (args.arrival is None) == (args.load is None):
+        raise SystemExit("feather workload retime: give --arrival or --load (with --capacity)")
+    if args.load is not None and not args.capacity:
+        raise SystemExit("feather workload retime: --load needs --capacity SUMMARY.json")
+    base = read_workload(args.base)
+    workload = (
+        retime(base, args.arrival, args.seed)
+        if args.arrival is not None
+        else retime_at_load(base, args.capacity, args.load, args.seed)
+    )
+    path = write_workload(workload, args.out)
+    print(f"wrote {path}: {len(workload)} requests, arrivals "
+          f"{workload.provenance['retimed']['arrival']} over "
+          f"{workload.statistics['arrival_span_s']:.1f} s")
+    return 0
+
+
 def _cmd_workload_stats(args: argparse.Namespace) -> int:
     from feather.workloads import read_workload
 
@@ -508,6 +529,18 @@ def build_parser() -> argparse.ArgumentParser:
     wb.add_argument("--out", required=True, help="output .parquet file (sidecar: <out>.json)")
     wb.add_argument("--quiet", action="store_true", help="no progress on stderr")
     wb.set_defaults(func=_cmd_workload_build)
+    wr = workloads.add_parser(
+        "retime", help="the same requests in the same order, with new arrival times"
+    )
+    wr.add_argument("base", help="a built workload .parquet")
+    wr.add_argument("--arrival", help="all | poisson:RATE | bursts:SIZE:INTERVAL_S")
+    wr.add_argument(
+        "--load", type=float, help="Poisson arrivals at this fraction of --capacity's requests/s"
+    )
+    wr.add_argument("--capacity", help="summary.json of an offline run (FCFS: the capacity)")
+    wr.add_argument("--seed", type=int, default=0, help="seed of the arrival process")
+    wr.add_argument("--out", required=True, help="output .parquet file (sidecar: <out>.json)")
+    wr.set_defaults(func=_cmd_workload_retime)
     ws = workloads.add_parser("stats", help="statistics of a workload file")
     ws.add_argument("file")
     ws.add_argument("--json", action="store_true", help="print JSON")
