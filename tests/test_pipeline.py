@@ -132,7 +132,8 @@ def test_every_expected_result_and_figure_exists(finished: Path) -> None:
     table = pd.read_parquet(finished / "results" / "summary.parquet")
     experiments = {p.stem: load_experiment(p) for p in experiment_files(TINY_EXPERIMENTS)}
     for name, experiment in experiments.items():
-        assert (finished / "figures" / f"{experiment.figure}.png").stat().st_size > 10_000, name
+        for figure in experiment.figures:
+            assert (finished / "figures" / f"{figure}.png").stat().st_size > 10_000, name
         if experiment.templates:
             runs = table[(table.experiment == name) & (table.engine == "sim")]
             assert len(runs) > 0, name
@@ -154,8 +155,10 @@ def test_figure_index_lists_exactly_the_figures_the_pipeline_draws() -> None:
         re.findall(r"^\| (\w+)\.png \|", (REPO / "figures" / "README.md").read_text(), re.MULTILINE)
     )
     separate = {*OVERHEAD_FIGURES, "kernels"}  # drawn by their own rules
-    default = {load_experiment(p).figure for p in experiment_files(REPO / "experiments")}
-    tiny = {load_experiment(p).figure for p in experiment_files(TINY_EXPERIMENTS)}
+    def drawn(directory: Path) -> set[str]:
+        return {f for p in experiment_files(directory) for f in load_experiment(p).figures}
+
+    default, tiny = drawn(REPO / "experiments"), drawn(TINY_EXPERIMENTS)
     assert indexed == default | separate
     assert default == tiny
 
@@ -187,7 +190,7 @@ def test_a_scheduler_added_by_dotted_path_reaches_the_table_and_figures(finished
     newest = table[table.scheduler == "newest"]
     assert set(newest.experiment) >= {"c5"}  # `scheduler: all` experiments include it
     assert (newest.scheduler_class == "toy_scheduler:NewestFirst").all()
-    c5_png = finished / "figures" / "c5_schedulers_by_prefix_length.png"
+    c5_png = finished / "figures" / "c5_end_to_end.png"
     assert c5_png.stat().st_mtime >= (finished / "results" / "summary.parquet").stat().st_mtime
 
 
@@ -239,11 +242,11 @@ def test_a_failed_run_leaves_no_summary_to_trust(finished: Path) -> None:
     )
     done = snakemake(finished, config)
     assert done.returncode != 0
-    log = finished / "logs/sim/a100-80gb/c5/leval_2k_4k__broken__s0.log"
+    log = finished / "logs/sim/a100-80gb/c5/shuffled_s0__broken__s0.log"
     assert "this scheduler fails on purpose" in log.read_text()
     broken = list((finished / "results").rglob("*__broken__s0/*"))
     assert broken == []
-    assert (finished / "results/a100-80gb/sim/c5/leval_2k_4k__fcfs__s0/summary.json").is_file()
+    assert (finished / "results/a100-80gb/sim/c5/shuffled_s0__fcfs__s0/summary.json").is_file()
 
 
 @pytest.mark.parametrize(

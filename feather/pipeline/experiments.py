@@ -42,8 +42,11 @@ TEMPLATE_FIELDS = {
     "hardware",
     "seed",
     "model",
+    "kv_pool_fraction",
+    "sweep",
     *ENGINE_FIELDS,
 }
+SWEEPS = ("default", "full")
 EXPERIMENT_FIELDS = {
     "claim",
     "title",
@@ -165,7 +168,7 @@ class Experiment:
     claim: str
     title: str
     paper: str
-    figure: str
+    figures: list[str]  # the figures drawn from its runs (`figure:` a name or a list)
     workloads: dict[str, str]
     templates: list[dict[str, Any]]
     description: str = ""
@@ -174,6 +177,8 @@ class Experiment:
     runs: list[Run] = field(default_factory=list)
     engine_batches: list[EngineBatch] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # load= workload file -> (its base workload file, the capacity run's summary.json)
+    load_workloads: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def load_experiment(path: str | Path) -> Experiment:
@@ -194,6 +199,10 @@ def load_experiment(path: str | Path) -> Experiment:
             raise ExperimentError(
                 f"{path}: run template {i} has unknown keys {sorted(bad)}; "
                 f"allowed: {sorted(TEMPLATE_FIELDS)}"
+            )
+        if template.get("sweep", "default") not in SWEEPS:
+            raise ExperimentError(
+                f"{path}: run template {i}: sweep must be one of {', '.join(SWEEPS)}"
             )
         for name in _as_list(template.get("workload")):
             if name not in data["workloads"]:
@@ -223,7 +232,7 @@ def load_experiment(path: str | Path) -> Experiment:
         claim=str(data["claim"]),
         title=data["title"],
         paper=data["paper"],
-        figure=data["figure"],
+        figures=_as_list(data["figure"]),
         workloads=dict(data["workloads"]),
         templates=list(data["runs"]),
         description=data.get("description", ""),
@@ -241,8 +250,12 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "-", text).strip("-")
 
 
-def workload_path(spec: str, model: str) -> str | None:
-    """The built file of a non-synthetic workload spec (None for synthetic specs)."""
+def workload_path(spec: str, model: str, hardware: str | None = None) -> str | None:
+    """The built file of a non-synthetic workload spec (None for synthetic specs).
+
+    A `load=F` option (Poisson arrivals at F x FCFS's offline capacity) makes the file
+    depend on the hardware too: data/workloads/load/<hardware>/<base file stem>__load=F.
+    """
     if spec.startswith("synthetic:"):
         return None
     kind, _, options = spec.partition(":")
@@ -251,7 +264,29 @@ def workload_path(spec: str, model: str) -> str | None:
             f"unknown workload kind {kind!r} in {spec!r}: use synthetic:..., "
             "leval:min=..,max=.. or longbench-format:prefix=.."
         )
-    return f"data/workloads/{kind}__{_slug(options) or 'all'}__{model}.parquet"
+    base, load = split_load(options)
+    stem = f"{kind}__{_slug(base) or 'all'}__{model}"
+    if load is None:
+        return f"data/workloads/{stem}.parquet"
+    if hardware is None:
+        raise ExperimentError(f"{spec!r}: a load= workload depends on the hardware")
+    return f"data/workloads/load/{hardware}/{stem}__load={load}.parquet"
+
+
+def split_load(options: str) -> tuple[str, str | None]:
+    """('order=shuffled,seed=0', '0.5') from 'order=shuffled,seed=0,load=0.5'."""
+    parts = [p for p in options.split(",") if p]
+    load = [p.partition("=")[2] for p in parts if p.startswith("load=")]
+    if len(load) > 1 or (load and not _positive_number(load[0])):
+        raise ExperimentError(f"workload options {options!r}: load= takes one number > 0")
+    return ",".join(p for p in parts if not p.startswith("load=")), (load[0] if load else None)
+
+
+def _positive_number(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
 
 
 def expand_engine_runs(
@@ -322,8 +357,11 @@ def expand(
     engines that run on this machine, and this machine's hardware label for each.
     """
     schedulers: dict[str, dict[str, Any]] = config["schedulers"]
+    sweep = (config.get("c5") or {}).get("sweep", "default")
     runs: dict[str, Run] = {}
     for template in experiment.templates:
+        if template.get("sweep", "default") == "full" and sweep != "full":
+            continue  # the C5 family's full grid (config.yaml `c5: {sweep: full}`)
         scheduler_names = (
             list(schedulers)
             if template.get("scheduler", "all") == "all"
@@ -353,18 +391,21 @@ def expand(
             models,
             _as_list(template.get("kernel", "paged")),
             _as_list(template.get("engine_mode", "vllm")),
+            _as_list(template.get("kv_pool_fraction")),
             itertools.product(*param_values),
         )
-        for workload, scheduler, hw, seed, model, kernel, mode, values in axes:
+        for workload, scheduler, hw, seed, model, kernel, mode, fraction, values in axes:
             entry = schedulers.get(scheduler, {})
             params = {**(entry.get("params") or {}), **dict(zip(param_keys, values, strict=True))}
             spec = experiment.workloads[workload].replace("{seed}", str(seed))
-            path = workload_path(spec, model)
+            path = workload_path(spec, model, hw)
             kind = spec.partition(":")[0]
             if path is not None and kind not in available:
                 experiment.skipped.append(f"{workload} ({kind} data not available)")
                 continue
             options = tuple((k, template[k]) for k in ENGINE_FIELDS if k in template)
+            if fraction is not None:
+                options += (("kv_pool_fraction", fraction),)
             run_id = "__".join(
                 filter(
                     None,
@@ -378,6 +419,7 @@ def expand(
                         ),
                         kernel if kernel != "paged" else "",
                         mode if mode != "vllm" else "",
+                        f"pool={_slug(fraction)}" if fraction is not None else "",
                         model if model != config["models"][0] else "",
                         f"s{seed}",
                     ],
@@ -402,12 +444,39 @@ def expand(
             if run.out_dir in runs and runs[run.out_dir] != run:
                 raise ExperimentError(f"{experiment.path}: two different runs map to {run.out_dir}")
             runs[run.out_dir] = run
+            if path is not None and split_load(spec.partition(":")[2])[1] is not None:
+                capacity = capacity_run(experiment.name, workload, spec, model, hw)
+                runs[capacity.out_dir] = capacity
+                experiment.load_workloads[path] = (
+                    capacity.workload_spec,
+                    f"{capacity.out_dir}/summary.json",
+                )
     experiment.runs = list(runs.values())
     experiment.engine_batches = expand_engine_runs(
         experiment, config, available, engine_hosts or {}
     )
     experiment.skipped = sorted(set(experiment.skipped))
     return experiment
+
+
+def capacity_run(experiment: str, workload: str, spec: str, model: str, hardware: str) -> Run:
+    """The offline FCFS run whose requests/s a load= workload's rate is a fraction of: the
+    base workload (the same requests, all at time 0), the simulator's default engine."""
+    kind, _, options = spec.partition(":")
+    base = workload_path(f"{kind}:{split_load(options)[0]}", model)
+    assert base is not None
+    return Run(
+        experiment=experiment,
+        hardware=hardware,
+        engine="sim",
+        model=model,
+        workload=f"{workload}@capacity",
+        workload_spec=base,
+        scheduler="fcfs",
+        scheduler_class="fcfs",
+        params=(),
+        run_id=f"capacity__{Path(base).stem}",
+    )
 
 
 # Experiments with their own rules and config section, not expanded into simulator runs.

@@ -134,6 +134,9 @@ RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
 LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
 ENGINE_BATCHES = [b for exp in EXPERIMENTS.values() for b in exp.engine_batches]
+# load= workloads: file -> (base workload file, summary.json of the FCFS capacity run)
+LOAD_WORKLOADS = {path: pair for exp in EXPERIMENTS.values()
+                  for path, pair in exp.load_workloads.items()}
 for _exp in EXPERIMENTS.values():
     for _reason in _exp.skipped:
         note(f"experiment {_exp.name}: skipped runs on {_reason}")
@@ -157,12 +160,13 @@ def rl_reports():
 
 
 def figure_names():
-    return [exp.figure for exp in EXPERIMENTS.values()
-            if exp.runs or exp.training or exp.engine_batches]
+    return [name for exp in EXPERIMENTS.values()
+            if exp.runs or exp.training or exp.engine_batches for name in exp.figures]
 
 
 def all_targets():
-    return (["results/summary.parquet", "results/summary.csv", "figures/ours.md"]
+    return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
+             "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
             + overhead_targets() + kernel_targets())
 
@@ -193,19 +197,27 @@ def report_time_budget(start):
         note(f"  rl         {seconds:7.1f} s training {bench.stem} on {bench.parent.name}")
 
 
+def load_seed(wildcards):
+    """The arrival seed of a load= workload: its base's order seed (0 when it has none)."""
+    options = wildcards.stem.split("__")[1] if "__" in wildcards.stem else ""
+    return slug_options(options).get("seed", "0")
+
+
 def slug_options(text):
     """'min=1000-max=2000' -> {'min': '1000', 'max': '2000'} (the slug of an experiment spec)."""
     return dict(part.split("=", 1) for part in text.replace(",", "-").split("-") if "=" in part)
 
 
-def leval_shape_args(options):
-    """Builder flags for the slug keys pergroup, groups, output, order (e.g. pergroup=6)."""
+def shape_args(options, kind="leval"):
+    """Builder flags for the slug keys pergroup, groups, output, order, seed (e.g.
+    pergroup=6); `kind`'s own keys are min/max (leval) or prefix (longbench-format)."""
     flags = {"groups": ["--max-groups"], "output": ["--output"], "order": ["--order"],
-             "pergroup": ["--min-per-group", "--max-per-group"]}
-    unknown = set(options) - set(flags) - {"min", "max"}
+             "seed": ["--seed"], "pergroup": ["--min-per-group", "--max-per-group"]}
+    own = {"leval": {"min", "max"}, "longbench-format": {"prefix"}}[kind]
+    unknown = set(options) - set(flags) - own
     if unknown:
-        raise ValueError(f"leval workload option(s) {sorted(unknown)}: known min, max, "
-                         f"{', '.join(flags)}")
+        raise ValueError(f"{kind} workload option(s) {sorted(unknown)}: known "
+                         f"{', '.join(sorted(own))}, {', '.join(flags)}")
     return shlex.join([a for key, names in flags.items() if key in options
                        for name in names for a in (name, options[key])])
 
@@ -217,7 +229,7 @@ def training():
 
 def figure_meta(name):
     """What a figure is labelled with: its claim, title, the paper's number, its experiment."""
-    exp = next(e for e in EXPERIMENTS.values() if e.figure == name)
+    exp = next(e for e in EXPERIMENTS.values() if name in e.figures)
     return {"claim": exp.claim, "title": exp.title, "paper": exp.paper, "experiment": exp.name}
 
 
