@@ -45,3 +45,22 @@ rule our_numbers:
 
         with logged_to(log[0]):
             write_ours(input.table, input.reports, output[0], EXPERIMENTS, input.sections)
+
+
+rule verdicts:
+    """Claim by claim: the paper's number, ours, a verdict by the rules on the page."""
+    input:
+        table="results/summary.parquet",
+        overhead=overhead_targets()[:1],  # the overhead report (and its tables), where on
+        kernels=kernel_results() if KERNEL_SWEEP != "off" else [],
+    output:
+        "figures/verdicts.md",
+    log:
+        "logs/figures/verdicts.log",
+    run:
+        from feather.pipeline.verdicts import write_verdicts
+
+        with logged_to(log[0]):
+            write_verdicts(input.table, output[0],
+                           overhead_dir=OVERHEAD_DIR if input.overhead else None,
+                           kernel_files=list(input.kernels))
