@@ -83,7 +83,7 @@ def pool_label(row: pd.Series) -> str:
 
 def order_label(order: object, seeds: int = 1) -> str:
     if order == "grouped":
-        return "grouped (control: FCFS's best case)"
+        return "grouped (control)"
     if order == "shuffled":
         return f"shuffled ({seeds} seed{'s' if seeds != 1 else ''})"
     return str(order)

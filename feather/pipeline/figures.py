@@ -156,40 +156,46 @@ def c5(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data["order"] = data.arrival_order.map(lambda o: c5t.order_label(o, seeds))
     settings = sorted(data.setting.unique(), key=lambda s: ("SGLang" in s, s))
     regimes = sorted(data.output_regime.dropna().unique(), key=lambda r: r != "reference")
-    fig, axes = plt.subplots(
-        max(1, len(regimes)), max(1, len(settings)), squeeze=False,
-        figsize=(4.6 * max(1, len(settings)), 3.9 * max(1, len(regimes))),
-    )
+    panels = [(st, rg) for rg in regimes for st in settings
+              if len(data[(data.setting == st) & (data.output_regime == rg)])]
+    cols = min(3, max(1, len(panels)))
+    rows = max(1, -(-len(panels) // cols))
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(4.8 * cols, 4.0 * rows))
     schedulers = sorted(set(data.scheduler) - {"fcfs"})
     orders = sorted(data.order.unique(), key=lambda o: not o.startswith("shuffled"))
-    for row, regime in enumerate(regimes):
-        for col, setting in enumerate(settings):
-            ax = axes[row][col]
-            part = data[(data.output_regime == regime) & (data.setting == setting)]
-            present = [s for s in schedulers if s in set(part.scheduler)]
-            sns.barplot(data=part[part.scheduler != "fcfs"], x="scheduler", y="vs_fcfs",
-                        hue="order", order=present, hue_order=orders, ax=ax,
-                        errorbar=("pi", 100))
-            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-            pools = "; ".join(sorted({c5t.pool_label(r) for _, r in part.iterrows()}))
-            ax.set(xlabel="scheduler", ylabel="output throughput / FCFS (same setting)",
-                   title=f"{setting}\n{c5t.output_label(regime)}, {pools}")
-            ax.title.set_fontsize(8)
-            ax.tick_params(axis="x", rotation=35, labelsize=7)
-            if ax.get_legend():
-                ax.get_legend().remove()
+    for ax, (setting, regime) in zip(axes.flat, panels, strict=False):
+        part = data[(data.output_regime == regime) & (data.setting == setting)]
+        present = [s for s in schedulers if s in set(part.scheduler)]
+        sns.barplot(data=part[part.scheduler != "fcfs"], x="scheduler", y="vs_fcfs",
+                    hue="order", order=present, hue_order=orders, ax=ax, errorbar=("pi", 100))
+        for container in ax.containers:
+            if hasattr(container, "patches"):
+                ax.bar_label(container, fmt="%.2f", fontsize=6, padding=2)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.margins(y=0.12)
+        pools = "; ".join(sorted({c5t.pool_label(r) for _, r in part.iterrows()}))
+        ax.set(xlabel="scheduler", ylabel="output throughput / FCFS (same setting)",
+               title=f"{setting}\n{c5t.output_label(regime)}, {pools}")
+        ax.title.set_fontsize(8)
+        ax.tick_params(axis="x", rotation=35, labelsize=7)
+        if ax.get_legend():
+            ax.get_legend().remove()
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, title="arrival order", loc="upper right", fontsize=8)
+        fig.legend(handles, labels, title="arrival order", loc="center right", fontsize=8)
     fig.suptitle(meta["title"])
     cost = _sched_cost_models(data)
     _save(
         fig,
         out,
         f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: {_producers(data)}. "
-        f"Whole L-Eval, offline; bars: mean over {seeds} shuffled order seed(s), whiskers "
-        f"min-max; grouped is the control. KV pool: what the GPU's memory leaves (pool / "
-        f"distinct shared-prefix tokens in each title). Scheduling cost model: {cost}.",
+        f"L-Eval ({int(data.requests.max()) if len(data) else 0} requests), offline; bars: "
+        f"mean over {seeds} shuffled order seed(s), whiskers "
+        f"min-max; grouped (each document's questions together) is the control, FCFS's best "
+        f"case. KV pool: what the GPU's memory leaves (pool / distinct shared-prefix tokens "
+        f"in each title). Scheduling cost model: {cost}.",
     )
 
 
@@ -290,7 +296,7 @@ def memory_regime(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         fig,
         out,
         f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: {_producers(data)}. "
-        "Whole L-Eval, shuffled (seed 0), offline. Hollow markers: a pool larger than the "
+        "L-Eval, shuffled (seed 0), offline. Hollow markers: a pool larger than the "
         "GPU's memory leaves (hypothetical).",
     )
 
@@ -329,6 +335,7 @@ def load(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
                         color=line.get_color(), label=f"{scheduler} p99")
             ax.set(xlabel="load (arrival rate / FCFS's offline capacity)", ylabel=label,
                    yscale="log", title=f"{hw} / {', '.join(sorted(part.model.unique()))}")
+            _plain_log_y(ax)
             ax.axvline(1.0, color="grey", lw=0.8, ls=":")
             ax.legend(fontsize=7)
         ax = axes[row][2]
@@ -337,53 +344,29 @@ def load(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             ax.plot(stats.index, stats.values, marker="o", label=scheduler)
         ax.set(xlabel="load (arrival rate / FCFS's offline capacity)",
                ylabel="longest wait before admission (s)", yscale="log")
+        _plain_log_y(ax)
         ax.axvline(1.0, color="grey", lw=0.8, ls=":")
         ax.legend(fontsize=7)
     fig.suptitle(meta["title"])
-    rates = ", ".join(sorted({str(a) for a in data.get("arrival", pd.Series()).dropna()}))
-    _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}. Whole L-Eval, shuffled, "
-          f"Poisson arrivals ({rates or 'none'} requests/s).")
+    rates = sorted({float(str(a).split(":")[1]) for a in data.get("arrival", pd.Series()).dropna()
+                    if str(a).startswith("poisson:")})
+    _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}. L-Eval, shuffled, "
+          f"Poisson arrivals at {', '.join(f'{r:.3g}' for r in rates) or 'no'} requests/s; "
+          "dotted line: FCFS's capacity.")
 
 
-@figure("c6_no_sharing")
-def c6(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
-    data = table[table.experiment == "c6"].copy()
-    data["relative"] = _ratio_to(data, "fcfs", ["hardware"])
-    fig, axes = _grid(1)
-    sns.barplot(
-        data=data, x="hardware", y="relative", hue="scheduler", ax=axes[0], errorbar=("pi", 100)
-    )
-    axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
-    axes[0].set(ylim=(0.9, 1.05), xlabel="hardware", ylabel="output throughput / FCFS")
-    fig.suptitle(meta["title"])
-    _save(
-        fig,
-        out,
-        f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
-        f"{_producers(data)}. Every request has its own prefix.",
-    )
+def _plain_log_y(ax: plt.Axes) -> None:
+    """Log y axis labelled plainly (0.2, 1, 10 - no 10^x minor labels to collide): at 1-2-5
+    steps when the data spans under two decades, else at powers of ten."""
+    import math
 
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-@figure("c7_vs_prefix_aware_kernel")
-def c7(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
-    data = table[table.experiment == "c7"].copy()
-    data["setup"] = data["scheduler"] + " + " + data["kernel"]
-    fig, axes = _grid(data.hardware.nunique())
-    for ax, (hw, part) in zip(axes, data.groupby("hardware"), strict=False):
-        sns.barplot(
-            data=part, x="setup", y="output_tok_s", ax=ax, errorbar=("pi", 100), color="tab:blue"
-        )
-        ax.set(
-            xlabel="scheduler + attention kernel", ylabel="output throughput (tokens/s)", title=hw
-        )
-        ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(meta["title"])
-    _save(
-        fig,
-        out,
-        f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
-        f"{_producers(data)}. pat: each distinct prefix block read once per step.",
-    )
+    low, high = ax.get_ylim()
+    decades = math.log10(high / low) if low > 0 and high > low else 0.0
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 2 else (1.0,)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 @figure("hardware_comparison")

@@ -247,10 +247,17 @@ def _c5_mechanism(split: pd.DataFrame) -> str:
     share = split.assign(share=split.time_recompute_s / split.makespan_s)
     fcfs = share[share.scheduler == "fcfs"].share
     feather = c5t.feather_rows(share).share
-    return (f"where the KV pool cannot hold every shared prefix, FCFS's arrival order evicts "
-            f"prefixes that later requests need: it spends {_pct(fcfs.min())}-{_pct(fcfs.max())} "
-            f"of its makespan recomputing lost KV, Feather {_pct(feather.min())}-"
-            f"{_pct(feather.max())}; in grouped order FCFS reuses prefixes by itself")
+    pools = split.pool_to_prefix_ratio.dropna()
+    if len(pools) and pools.min() >= 1:
+        return (f"the GPU's KV pool holds every shared prefix at once ({pools.min():.2f}x): "
+                f"nothing needs evicting, so FCFS reuses every prefix by itself (it spends "
+                f"{_pct(fcfs.max())} of its makespan recomputing) and there is little to gain")
+    return (f"where the KV pool cannot hold every shared prefix (pool {pools.min():.2f}-"
+            f"{pools.max():.2f}x the distinct shared-prefix tokens), FCFS's arrival order "
+            f"evicts prefixes that later requests need: it spends {_pct(fcfs.min())}-"
+            f"{_pct(fcfs.max())} of its makespan recomputing lost KV, Feather "
+            f"{_pct(feather.min())}-{_pct(feather.max())}; in grouped order FCFS reuses "
+            "prefixes by itself")
 
 
 def _c5_real(sources: Sources) -> str:
