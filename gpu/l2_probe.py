@@ -85,6 +85,8 @@ if str(GPU_DIR) not in sys.path:
     # file by name, as `python gpu/l2_probe.py` does (Python puts a script's folder on sys.path).
     sys.path.insert(0, str(GPU_DIR))
 
+# gpu/kernel_bench.py takes the Nsight Compute, NVML and watchdog pieces it shares through this
+# module (`probe.ncu_args`, ...); tests/test_kernels_bench.py checks that it finds them all.
 from l2_probe_bookkeeping import (  # noqa: E402
     NCU_CALL_TIMEOUT_S,
     NCU_DEADLINE_S,
