@@ -13,10 +13,13 @@ trailing space costs one token more than whole-string tokenization would.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from feather.workloads.schema import WorkloadError
 
 Truncation = Literal["document", "middle"]
 
@@ -99,12 +102,63 @@ def find_task_file(root: Path, task: str) -> Path | None:
     return matches[0] if matches else None
 
 
-def load_jsonl_with_datasets(path: Path, cache_dir: Path | None = None) -> list[dict]:
-    """Records of a JSON-lines file, read through the `datasets` library's json builder."""
+# What a record's fields must be, where present and not null: (description, test).
+FieldCheck = tuple[str, Callable[[Any], bool]]
+STRING: FieldCheck = ("a string", lambda v: isinstance(v, str))
+STRINGS: FieldCheck = (
+    "a list of strings",
+    lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+)
+
+
+def check_jsonl(path: Path, what: str, fields: dict[str, FieldCheck]) -> None:
+    """Every line of a JSON-lines file is a JSON object whose `fields` have the expected
+    types; the first that is not is a WorkloadError naming the file, line and field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{what} file {path}: not UTF-8 text ({exc.reason})") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise WorkloadError(f"{what} file {path}, line {number}: not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise WorkloadError(
+                f"{what} file {path}, line {number}: a record is a JSON object, "
+                f"got {type(record).__name__}"
+            )
+        for name, (expected, ok) in fields.items():
+            value = record.get(name)
+            if value is not None and not ok(value):
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+                raise WorkloadError(
+                    f"{what} file {path}, line {number}: field {name!r} = {shown}: "
+                    f"expected {expected}"
+                )
+
+
+def load_jsonl_with_datasets(
+    path: Path, cache_dir: Path | None, *, what: str, fields: dict[str, FieldCheck]
+) -> list[dict]:
+    """Records of a JSON-lines file, read through the `datasets` library's json builder
+    once `check_jsonl` has found every record well formed."""
     import datasets
 
+    check_jsonl(path, what, fields)
     datasets.disable_progress_bars()
-    dataset = datasets.load_dataset(
-        "json", data_files=str(path), split="train", cache_dir=str(cache_dir) if cache_dir else None
-    )
+    try:
+        dataset = datasets.load_dataset(
+            "json",
+            data_files=str(path),
+            split="train",
+            cache_dir=str(cache_dir) if cache_dir else None,
+        )
+    except Exception as exc:  # datasets wraps Arrow's many errors in its own
+        reason = " ".join(str(exc).split())[:300]
+        raise WorkloadError(
+            f"{what} file {path}: the datasets json reader refused it ({reason})"
+        ) from None
     return dataset.to_list()
