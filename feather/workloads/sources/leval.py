@@ -31,7 +31,7 @@ from feather.workloads.sources.base import (
     SourceData,
     UnknownTaskError,
     find_task_file,
-    load_jsonl_with_datasets,
+    read_jsonl,
 )
 
 CLOSED_ENDED = (
@@ -135,9 +135,7 @@ def _task_files(tasks: list[str], data_dir: Path | None, raw_dir: Path) -> dict[
     return files
 
 
-def load_leval(
-    tasks: list[str] | None, data_dir: Path | None, raw_dir: Path, cache_dir: Path | None = None
-) -> SourceData:
+def load_leval(tasks: list[str] | None, data_dir: Path | None, raw_dir: Path) -> SourceData:
     """Prompt groups of the chosen L-Eval tasks (default: every task the data holds)."""
     if tasks:
         unknown = [t for t in tasks if t not in TASKS]
@@ -158,9 +156,7 @@ def load_leval(
     data.dropped["tasks_not_in_data"] = len(TASKS) - len(chosen) if not tasks else 0
     for task in chosen:
         by_document = GroupsByDocument()
-        records = load_jsonl_with_datasets(
-            files[task], cache_dir, what=f"L-Eval {task}", fields=RECORD_FIELDS
-        )
+        records = read_jsonl(files[task], f"L-Eval {task}", RECORD_FIELDS)
         for record in records:
             document = record.get("input") or ""
             if not document.strip():

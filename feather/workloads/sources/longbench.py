@@ -34,7 +34,7 @@ from feather.workloads.sources.base import (
     UnknownTaskError,
     file_record,
     find_task_file,
-    load_jsonl_with_datasets,
+    read_jsonl,
 )
 
 HUB_REPO = "THUDM/LongBench"
@@ -166,7 +166,6 @@ def load_longbench(
     tasks: list[str] | None,
     data_dir: Path | None,
     raw_dir: Path,
-    cache_dir: Path | None = None,
     chat: str = "vicuna",
 ) -> SourceData:
     """Prompt groups of the chosen LongBench tasks (default: the 21 LongBench tasks)."""
@@ -186,9 +185,7 @@ def load_longbench(
         head, tail_template = TEMPLATES[base].split("{context}")
         wrapped = chat == "vicuna" and base not in NO_CHAT
         by_context = GroupsByDocument()
-        records = load_jsonl_with_datasets(
-            files[task], cache_dir, what=f"LongBench {task}", fields=RECORD_FIELDS
-        )
+        records = read_jsonl(files[task], f"LongBench {task}", RECORD_FIELDS)
         for record in records:
             context = record.get("context") or ""
             if not context.strip():
