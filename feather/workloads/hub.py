@@ -3,7 +3,7 @@ never trusting a file the hub did not send whole.
 
 `datasets.load_dataset(repo)` no longer works for L-Eval or LongBench (their loading
 scripts are refused by datasets >= 4), so the raw files are downloaded with
-`huggingface_hub.hf_hub_download` and then read with the `json` builder.
+`huggingface_hub.hf_hub_download` and then read as JSON lines (`sources.base.read_jsonl`).
 
 Every downloaded file gets a record, written after the client has moved the complete file
 into place (the client downloads into a temporary file, checks its size against the hub's,
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
@@ -85,9 +86,28 @@ def download(repo_id: str, filename: str, dest: Path, *, what: str, revision: st
             f"local copy was given. Pass --data-dir DIR (or data.local_dir in the config): a "
             f"directory holding the benchmark's files in the hub's layout."
         )
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
-
     endpoint = _endpoint()
+    client_log = logging.getLogger("huggingface_hub")  # its retry warnings: we say what failed
+    level = client_log.level
+    client_log.setLevel(logging.ERROR)
+    try:
+        return _download(repo_id, filename, dest, what, revision, endpoint)
+    finally:
+        client_log.setLevel(level)
+
+
+def _download(
+    repo_id: str, filename: str, dest: Path, what: str, revision: str, endpoint: str
+) -> Path:
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+    from huggingface_hub.utils import tqdm
+
+    class NoProgressBar(tqdm):
+        """The client's byte counter, not drawn (the build reports its own progress)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "disable": True})
+
     url = hf_hub_url(repo_id, filename, repo_type="dataset", revision=revision, endpoint=endpoint)
     local = dest / filename
     record_file = record_path(dest, filename)
@@ -116,6 +136,7 @@ def download(repo_id: str, filename: str, dest: Path, *, what: str, revision: st
                 cache_dir=dest / ".cache" / "hf-hub",
                 endpoint=endpoint,
                 force_download=True,  # fresh bytes from the hub, never an unrecorded leftover
+                tqdm_class=NoProgressBar,
             )
         )
     except DataUnavailableError:
