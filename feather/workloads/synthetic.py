@@ -101,7 +101,17 @@ def parse_spec(spec: str) -> SyntheticSpec:
         raise WorkloadError(f"synthetic spec vocab={parsed.vocab}: expected 4..{MAX_TOKEN_ID}")
     if not 0 <= parsed.seed < 2**63:
         raise WorkloadError(f"synthetic spec seed={parsed.seed}: expected 0..{2**63 - 1}")
+    try:
+        _options(parsed)  # order, arrival and unshared, checked as the builder checks them
+    except WorkloadError as exc:
+        raise WorkloadError(f"synthetic spec: {exc}") from None
     return parsed
+
+
+def _options(spec: SyntheticSpec) -> BuildOptions:
+    return BuildOptions(
+        order=spec.order, arrival=spec.arrival, unshared_fraction=spec.unshared, seed=spec.seed
+    )
 
 
 def estimated_bytes(spec: SyntheticSpec) -> int:
@@ -112,12 +122,7 @@ def estimated_bytes(spec: SyntheticSpec) -> int:
 
 def build_synthetic(spec: SyntheticSpec) -> list[WorkloadRequest]:
     check_fits(f"synthetic spec {spec.canonical()!r}", estimated_bytes(spec))
-    options = BuildOptions(
-        order=spec.order,
-        arrival=spec.arrival,  # validates both
-        unshared_fraction=spec.unshared,
-        seed=spec.seed,
-    )
+    options = _options(spec)
     rng = np.random.Generator(np.random.PCG64(spec.seed))
     system = rng.integers(3, spec.vocab, size=spec.system, dtype=np.int32)
     groups = []

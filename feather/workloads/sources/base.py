@@ -122,7 +122,7 @@ def read_jsonl(path: Path, what: str, fields: dict[str, FieldCheck]) -> list[dic
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"{what} file {path}: not UTF-8 text ({exc.reason})") from None
     records = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):  # JSON Lines: "\n" only (U+2028 is text)
         if not line.strip():
             continue
         try:
