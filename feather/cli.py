@@ -291,14 +291,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         required_model_len,
         write_vllm_run,
     )
-    from feather.policies import resolve_scheduler
     from feather.workloads import load_workload
 
     register_profiles(None, args.model_profile)
-    runs = engine_runs(args.scheduler, args.seed, args.repeats)
-    for run in runs:
-        if run.scheduler_class != "fcfs":
-            resolve_scheduler(run.scheduler_class)  # an unknown name fails before the engine starts
+    runs = engine_runs(args.scheduler, args.seed, args.repeats)  # checked against the classes
     workload = load_workload(args.workload)
     if not workload.requests:
         raise ValueError(f"workload {args.workload!r} holds no requests: nothing to run")

@@ -1136,6 +1136,31 @@ def test_config_yaml(case) -> None:
         stopped(lambda: checks.check_schedulers(config), *names)
 
 
+# ---------------------------------------------------------------------------- feather run
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--scheduler", "{bad"], "--scheduler '{bad': not valid JSON"),
+        (["--scheduler", '{"label": 1}'], "label and class must be names"),
+        (
+            ["--scheduler", '{"label": "x", "class": "lpm", "params": {"page_size": "a"}}'],
+            "scheduler 'lpm': parameter page_size = 'a' (given in --scheduler x): expected int",
+        ),
+        (["--scheduler", "fcfs", "--scheduler", "fcfs"], "labels must be distinct"),
+        (
+            ["--scheduler", "fcfs", "--num-blocks", str(MAX_COUNT)],
+            f"--num-blocks {MAX_COUNT}: a KV cache of {MAX_COUNT} x 128-token blocks of "
+            "tiny-llama needs about",
+        ),
+    ],
+    ids=["json", "label", "param", "twice", "kv-cache"],
+)
+def test_run_refuses_before_the_engine_starts(options, message, good_workload, tmp_path) -> None:
+    out = tmp_path / "runs"
+    argv = ["run", "--engine", "vllm", "--workload", str(good_workload), "--model", "tiny-llama"]
+    refused([*argv, *options, "--out", str(out), "--quiet"], out, message)
+
+
 # ---------------------------------------------------------------------------- end to end
 FEATHER = str(Path(sys.executable).with_name("feather"))
 
