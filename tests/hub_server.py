@@ -26,6 +26,7 @@ import hashlib
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -61,6 +62,7 @@ class HubServer:
     faults: dict[str, Fault] = field(default_factory=dict)  # by sha256 of the file's bytes
     refuse_next: set[str] = field(default_factory=set)  # after a cut: the retry gets 500
     lying_etag: bool = False  # LFS files announce a SHA-256 their bytes do not have
+    body_delay_s: float = 0.0  # a slow link: wait this long before sending a file's bytes
 
     def put(self, repo: str, path: str, data: bytes, *, lfs: bool = True) -> HubFile:
         self.files[(repo, path)] = HubFile(data, lfs)
@@ -180,6 +182,7 @@ def _handler(hub: HubServer, *, cdn: bool) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             if not body:
                 return
+            time.sleep(hub.body_delay_s)
             if cut:
                 del hub.faults[found.sha256]  # once; what the resume gets is `fault.then`
                 if fault.then == "fail":

@@ -17,13 +17,14 @@ import hashlib
 import json
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from hub_server import COMMIT, HubServer
 
 from feather.cli import main
-from feather.workloads.hub import record_path
+from feather.workloads.hub import download, record_path
 from feather.workloads.longbench_synthetic import records, write_data_zip
 
 LEVAL = "L4NLP/LEval"
@@ -253,6 +254,21 @@ def test_a_local_copy_altered_after_download_is_caught(hub, tmp_path, capsys) ->
     archive.write_bytes(archive.read_bytes() + b"\0")
     code, out = build(tmp_path, "lb3.parquet", source="longbench", tasks="qasper")
     assert code == 2 and "data.zip was altered after download" in one_line_error(capsys)
+
+
+def test_concurrent_builds_fetch_a_file_once(hub, tmp_path) -> None:
+    """Workflow jobs build several workloads at once from one download folder: the second
+    waits for the first's download and uses it (no second fetch replacing the file)."""
+    hub.body_delay_s = 0.5
+    path = TASKS["tpo"]
+    dest = tmp_path / "raw" / "leval"
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: download(LEVAL, path, dest, what="L-Eval tpo"), range(2)))
+    assert got == [dest / path] * 2
+    assert (dest / path).read_bytes() == hub.files[(LEVAL, path)].data
+    blob = f"/blobs/{hub.files[(LEVAL, path)].sha256}?signed=1"
+    assert [p for p, _ in hub.requests("GET")].count(blob) == 1
+    assert len([p for p, _ in hub.requests("HEAD") if p.endswith(path)]) == 3  # 2 checks + client
 
 
 def test_a_file_that_does_not_hash_to_its_etag_is_refused(hub, tmp_path, capsys) -> None:

@@ -20,12 +20,15 @@ record's SHA-256 is what the workload's provenance lists for the file (`file_pro
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import re
 import socket
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -91,9 +94,24 @@ def download(repo_id: str, filename: str, dest: Path, *, what: str, revision: st
     level = client_log.level
     client_log.setLevel(logging.ERROR)
     try:
-        return _download(repo_id, filename, dest, what, revision, endpoint)
+        with _locked(record_path(dest, filename)):
+            return _download(repo_id, filename, dest, what, revision, endpoint)
     finally:
         client_log.setLevel(level)
+
+
+@contextlib.contextmanager
+def _locked(record: Path) -> Iterator[None]:
+    """One process at a time checks and fetches a file (the workflow builds several
+    workloads at once from the same downloads): a second waits, then finds the first's
+    record instead of fetching the file again under a reader's feet."""
+    record.parent.mkdir(parents=True, exist_ok=True)
+    with open(record.with_name(record.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _download(
@@ -133,7 +151,6 @@ def _download(
                 repo_type="dataset",
                 revision=revision,
                 local_dir=dest,
-                cache_dir=dest / ".cache" / "hf-hub",
                 endpoint=endpoint,
                 force_download=True,  # fresh bytes from the hub, never an unrecorded leftover
                 tqdm_class=NoProgressBar,
