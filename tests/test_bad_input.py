@@ -841,6 +841,7 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
             "param-type",
             "params",
             "workload",
+            "workload-options",
             "workload-ref",
             "runs",
             "workloads",
@@ -935,6 +936,21 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
         )
         exp["workloads"]["unshared"] = f"synthetic:groups=2,{key}=1"
         return exp, ["workload unshared", f"unknown synthetic spec key {key!r}"]
+    if kind == "workload-options":  # a built workload's options (L-Eval slices)
+        known = ("min", "max", "pergroup", "groups", "order", "output")
+        letters = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1).filter(lambda k: k not in known)
+        key, value = draw(
+            st.one_of(
+                st.tuples(st.sampled_from(["min", "max", "pergroup", "groups"]), no_digits),
+                st.tuples(st.sampled_from(["pergroup", "groups"]), st.just("0")),
+                st.tuples(st.sampled_from(["min", "groups"]), st.sampled_from(["²", "٣", "1.5"])),
+                st.tuples(st.sampled_from(["order", "output"]), st.sampled_from(["x", "-1"])),
+                st.tuples(letters, st.just("1")),
+            )
+        )
+        value = value.replace(",", "").replace("=", "") or "?"
+        exp["workloads"]["unshared"] = f"leval:{key}={value}"
+        return exp, ["workload unshared", f"{key}={value!r}" if key in known else "option"]
     if kind == "workload-ref":
         template["workload"] = draw(text.filter(lambda t: t != "unshared"))
         return exp, ["run template 0", "names workload"]

@@ -269,25 +269,26 @@ def workload_path(spec: str, model: str) -> str | None:
     return f"data/workloads/{kind}__{_slug(options) or 'all'}__{model}.parquet"
 
 
+def _whole(low: int) -> tuple[str, Any]:
+    return (f"a whole number >= {low}", lambda v: re.fullmatch(r"[0-9]+", v) and int(v) >= low)
+
+
+_ORDERS = ("grouped", "shuffled", "interleaved")
 # What the built workloads' options may be (the rules in workflow/rules/workloads.smk turn
 # them into `feather workload build` flags): key -> (what it must be, test).
-_COUNT = ("a whole number >= 0", lambda v: v.isdigit())
 WORKLOAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
     "leval": {
-        "min": _COUNT,
-        "max": _COUNT,
-        "pergroup": ("a whole number >= 1", lambda v: v.isdigit() and int(v) >= 1),
-        "groups": ("a whole number >= 1", lambda v: v.isdigit() and int(v) >= 1),
+        "min": _whole(0),
+        "max": _whole(0),
+        "pergroup": _whole(1),
+        "groups": _whole(1),
         "output": (
             "reference or a whole number >= 1",
-            lambda v: v == "reference" or (v.isdigit() and int(v) >= 1),
+            lambda v: v == "reference" or _whole(1)[1](v),
         ),
-        "order": (
-            "grouped, shuffled or interleaved",
-            lambda v: v in ("grouped", "shuffled", "interleaved"),
-        ),
+        "order": ("grouped, shuffled or interleaved", lambda v: v in _ORDERS),
     },
-    "longbench-format": {"prefix": ("a whole number >= 1", lambda v: v.isdigit() and int(v) >= 1)},
+    "longbench-format": {"prefix": _whole(1)},
 }
 
 
