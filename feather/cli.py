@@ -25,6 +25,7 @@ class _Parser(argparse.ArgumentParser):
     """Argument errors in one line (no usage block): the flag, what was wrong, where to look."""
 
     def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())  # a value's line breaks stay out of the line
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
@@ -33,10 +34,10 @@ def _positive_sizes(text: str) -> list[int]:
         sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
-            f"sizes must be integers, e.g. 1000,10000: {text}"
+            f"sizes must be integers, e.g. 1000,10000: {text!r}"
         ) from exc
     if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive integers: {text}")
+        raise argparse.ArgumentTypeError(f"sizes must be positive integers: {text!r}")
     return sizes
 
 
