@@ -46,7 +46,7 @@ TINY_EXPERIMENTS = REPO / "tests" / "fixtures" / "tiny_experiments"
 SYN = "synthetic:groups=2,per_group=3,prefix=32,suffix=4,output=4"
 SIM = ["--scheduler", "fcfs", "--hardware", "a100-80gb", "--model", "llama-3.1-8b", "--quiet"]
 
-# Examples per surface (the whole file runs in about a minute on 2 cores).
+# Examples per surface (the whole file: ~25 s of CPU, ~90 s wall on a loaded 2-core machine).
 MAX_EXAMPLES = {
     "flags": 150,
     "profiles": 100,
