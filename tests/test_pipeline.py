@@ -257,7 +257,22 @@ def test_a_failed_run_leaves_no_summary_to_trust(finished: Path) -> None:
         ({"models": ["gpt-5"]}, "unknown model 'gpt-5'; models: llama-3-8b"),
         ({"experiments": ["c9"]}, "unknown experiment(s) c9; experiments: c1"),
         ({"engines": ["trt"]}, "unknown engine(s) trt; engines: sim"),
-        ({"seeds": ["zero"]}, "'zero' is not of type 'integer'"),
+        ({"seeds": ["zero"]}, "config.yaml: seeds.0: 'zero' is not of type 'integer'"),
+        (
+            {"schedulers": {"feather-static": {"params": {"min_batch": "abc"}}}},
+            "scheduler 'feather-static': parameter min_batch = 'abc' (given in config.yaml "
+            "schedulers.feather-static.params): expected int",
+        ),
+        (
+            {"schedulers": {"fcfs": {"params": {"min_batch": 4}}}},
+            "scheduler 'fcfs' has no parameter 'min_batch' (given in config.yaml "
+            "schedulers.fcfs.params); its parameters: seed",
+        ),
+        (
+            {"hardware_profiles": {"a100-80gb": {"memory_bandwidth_bytes_per_s": 1}}},
+            "config.yaml: hardware_profiles: HardwareProfile 'a100-80gb': missing fields",
+        ),
+        ({"overhead": {"sweep": "fast"}}, "config.yaml: overhead.sweep: 'fast' is not one of"),
     ],
 )
 def test_a_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, change, message) -> None:
@@ -265,7 +280,37 @@ def test_a_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, change, mes
     done = snakemake(tmp_path, tiny_config(tmp_path, **changes), "-n")
     assert done.returncode != 0
     assert message in done.stdout + done.stderr
+    # the last line says it, and no traceback precedes it (Snakemake's own or Python's)
+    lines = done.stderr.strip().splitlines()
+    assert message in lines[-1], done.stderr
+    assert not any(re.match(r"\s*File |Traceback|\w+Error in file", line) for line in lines)
     assert not (tmp_path / "results").exists()
+
+
+def test_a_bad_experiment_template_fails_at_parse_time(tmp_path) -> None:
+    """A template's scheduler parameter is checked against the class when the workflow is
+    read (`snakemake -n`), not when its jobs run."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    c6 = yaml.safe_load((TINY_EXPERIMENTS / "c6.yaml").read_text())
+    c6["runs"][0]["params"] = {"min_batch": [4, "many"]}
+    c6["runs"][0]["scheduler"] = "feather-static"
+    (experiments / "c6.yaml").write_text(yaml.safe_dump(c6))
+    config = tiny_config(
+        tmp_path,
+        schedulers={"fcfs": {}},
+        extra_rules=[],
+        extra_runs=[],
+        experiments=["c6"],
+        experiments_dir=str(experiments),
+    )
+    done = snakemake(tmp_path, config, "-n")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{experiments / 'c6.yaml'}: run template 0: scheduler 'feather-static': parameter "
+        "min_batch = 'many': expected int"
+    )
+    assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()
 
 
 def test_dry_run_and_lint_of_the_default_config_are_clean() -> None:

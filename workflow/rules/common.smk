@@ -18,11 +18,10 @@ from feather.pipeline.code_digest import (
     source_digest,
     workload_code_digest,
 )
-from feather.pipeline.experiments import load_all
+from feather.pipeline.checks import check_schedulers, load_experiments, stop
 from feather.pipeline.engines import ENGINES as ENGINE_TABLE
 from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
 from feather.pipeline.gpu import attached_gpus
-from feather.policies import UnknownSchedulerError, resolve_scheduler
 from feather.sim.hardware import get_hardware, hardware_names
 from feather.workloads.hub import hub_unreachable_reason
 
@@ -49,7 +48,7 @@ WORKLOAD_CODE = workload_code_digest()
 
 
 def _fail(message):
-    raise ValueError(f"config.yaml: {message}")
+    stop(f"config.yaml: {message}")  # one line, no traceback (feather/pipeline/checks.py)
 
 
 def _register_profiles():
@@ -60,9 +59,10 @@ def _register_profiles():
         register_profiles(
             [json.dumps({"name": n, **f}) for n, f in config.get("hardware_profiles", {}).items()],
             [json.dumps({"name": n, **f}) for n, f in config.get("model_profiles", {}).items()],
+            inputs=("hardware_profiles", "model_profiles"),
         )
     except (TypeError, ValueError) as exc:
-        _fail(f"a hardware or model profile is wrong: {exc}")
+        _fail(str(exc))
 
 
 def _check_config():
@@ -73,11 +73,7 @@ def _check_config():
     for name in config["hardware"] + config.get("hardware_comparison", []):
         if name not in hardware_names():
             _fail(f"unknown hardware {name!r}; hardware: {', '.join(hardware_names())}")
-    for label, entry in config["schedulers"].items():
-        try:
-            resolve_scheduler(entry.get("class", label))
-        except UnknownSchedulerError as exc:
-            _fail(f"scheduler {label!r}: {exc}")
+    check_schedulers(config)  # each class resolves and takes its params (names, types)
 
 
 def _leval_dir():
@@ -128,7 +124,7 @@ def _engines_here():
 _check_config()
 LEVAL_DIR = _leval_dir()
 ENGINE_HOSTS, ENGINES_HERE = _engines_here()
-EXPERIMENTS = load_all(REPO / config.get("experiments_dir", "experiments"),
+EXPERIMENTS = load_experiments(REPO / config.get("experiments_dir", "experiments"),
                        config["experiments"], config, _available_data(), ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
