@@ -112,9 +112,15 @@ def _machine_label(engine, gpus):
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-")
 
 
+def _gpus():
+    """The GPUs jobs run on: config `gpus` (a cluster's GPU nodes, seen from a login node
+    without one), else those attached here."""
+    return list(config.get("gpus") or attached_gpus())
+
+
 def _engines_here():
     """The configured engines that run on this machine, and the machine's label for each."""
-    gpus = attached_gpus()
+    gpus = _gpus()
     try:
         runnable, skipped = select_engines(config["engines"], gpus, config.get("require_gpu", False))
     except EngineUnavailableError as exc:
@@ -255,7 +261,7 @@ def vllm_cpu_traces():
 
 
 def _gpu_label():
-    gpus = attached_gpus()
+    gpus = _gpus()
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-") if gpus else None
 
 
@@ -274,4 +280,24 @@ KERNEL_SWEEP = config.get("kernel_bench", "default")
 def kernel_targets():
     return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"]
 
+
+# ---- what a job asks for: threads, memory, run time, GPUs (profiles/slurm, kubernetes) ----
+
+
+def all_cores(wildcards):
+    """Threads of a job that measures time and so runs alone: every core Snakemake was given.
+
+    A function, evaluated per job, not `workflow.cores` at parse time: `snakemake --unlock`,
+    `--report` and `--cleanup-metadata` (no --cores) then still parse the workflow. On a
+    cluster the profile's `cores` (one node's) is what such a job asks for."""
+    return workflow.cores
+
+
+def gpu_resources(count):
+    """A job's GPU resources: `gpu: count`, plus what every GPU job asks a cluster for (config
+    `gpu_job_resources`, set by a cluster profile: SLURM's partition and GPU type, say); {}
+    for a job that needs no GPU, which keeps the profile's defaults."""
+    if not count:
+        return {}
+    return {"gpu": count, **config.get("gpu_job_resources", {})}
 
