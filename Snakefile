@@ -15,6 +15,9 @@ configfile: "config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
 
 
+report: "workflow/report/workflow.rst"  # snakemake --report report.html: the figures, captioned
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/workloads.smk"
 include: "workflow/rules/simulate.smk"

@@ -345,3 +345,31 @@ def test_every_requirement_of_the_locked_packages_holds() -> None:
     }
     assert set(problems) <= allowed, problems
 
+
+def test_the_html_report_holds_every_figure_with_its_claim(finished: Path) -> None:
+    """`snakemake --report` as users type it (no --cores): every figure the pipeline drew,
+    labelled with its claim, the paper's number and ours; the summary table attached."""
+    done = subprocess.run(
+        [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(finished),
+         "--configfile", str(tiny_config(finished)), "--report", "report.html"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(finished)},
+        timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    html = (finished / "report.html").read_text()
+    results = json.loads(re.search(r"var results = (\{.*?\});\n", html).group(1))
+    drawn = {p.relative_to(finished).as_posix() for p in (finished / "figures").glob("*.png")}
+    assert len(drawn) == 14 and drawn <= set(results)
+    index = dict(
+        re.findall(r"^\| (\w+)\.png \| ([^|]+) \|", (REPO / "figures" / "README.md").read_text(),
+                   re.MULTILINE)
+    )
+    for path in drawn:
+        labels = results[path]["labels"]
+        assert labels["claim"] == index[labels["figure"]].strip(), path
+        assert labels["ours"] != "not computed in this run" and labels["paper"], path
+        assert labels["ours"] in results[path]["caption"], path
+    c1 = results["figures/c1_homogeneous_vs_mixed.png"]["labels"]["ours"]
+    assert "homogeneous 8x100 / mixed 800" in c1
+    assert "CHT speedup" in results["figures/overhead_speedup.png"]["labels"]["ours"]
+    assert {"results/summary.csv", "results/report/ours.html"} <= set(results)

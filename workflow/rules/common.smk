@@ -170,7 +170,7 @@ def figure_names():
 def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets())
+            + overhead_targets() + kernel_targets() + report_pages())
 
 
 def profile_args():
@@ -301,3 +301,44 @@ def gpu_resources(count):
         return {}
     return {"gpu": count, **config.get("gpu_job_resources", {})}
 
+
+# ---- Snakemake's HTML report (snakemake --report report.html; workflow/report/) ----
+
+
+def report_labels(figure=None):
+    """A figure's labels in the report (claim, the paper's number, ours: see
+    feather/pipeline/report.py), computed when the report is built; figure None: the
+    figure rule's {name}."""
+
+    def labels(wildcards):
+        from feather.pipeline import report
+
+        name = figure or wildcards.name
+        if name in OVERHEAD_FIGURES:
+            ours = report.overhead_ours(name, OVERHEAD_DIR)
+        elif name == "kernels":
+            ours = report.kernels_ours(p for p in kernel_results() if Path(p).is_file())
+        else:
+            ours = report.ours_from_table("figures/ours.md", name)
+        return report.figure_labels(name, REPO / "figures" / "README.md", ours)
+
+    return labels
+
+
+def _made_by_a_rule(path):
+    return any(str(out) == path for rule in workflow.rules for out in rule.output)
+
+
+def report_page_source(page):
+    """figures/<page>.md: made by this run (ours; verdicts where a rule makes it) or kept in
+    the repository (verdicts)."""
+    made = f"figures/{page}.md"
+    return made if page == "ours" or _made_by_a_rule(made) else str(REPO / made)
+
+
+def report_pages():
+    """The report's pages: our numbers, and the verdicts where there are any."""
+    pages = ["ours"]
+    if _made_by_a_rule("figures/verdicts.md") or (REPO / "figures" / "verdicts.md").is_file():
+        pages.append("verdicts")
+    return [f"results/report/{page}.html" for page in pages]

@@ -39,7 +39,8 @@ rule kernels_figure:
     input:
         kernel_results(),
     output:
-        "figures/kernels.png",
+        report("figures/kernels.png", caption="../report/figure.rst", category="Figures",
+               labels=report_labels("kernels")),
     log:
         "logs/figures/kernels.log",
     run:

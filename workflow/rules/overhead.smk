@@ -49,7 +49,8 @@ rule overhead_report:
         vllm=vllm_cpu_traces(),
     output:
         f"{OVERHEAD_DIR}/overhead.md",
-        [f"figures/{n}.png" for n in OVERHEAD_FIGURES],
+        [report(f"figures/{n}.png", caption="../report/figure.rst", category="Figures",
+                labels=report_labels(n)) for n in OVERHEAD_FIGURES],
     params:
         feather=FEATHER,
         spec=str(OVERHEAD_SPEC),
