@@ -18,6 +18,9 @@ check_config_schema(config, f"{workflow.basedir}/workflow/schemas/config.schema.
 validate(config, "workflow/schemas/config.schema.yaml")  # fills in the schema's defaults
 
 
+report: "workflow/report/workflow.rst"  # snakemake --report report.html: the figures, captioned
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/workloads.smk"
 include: "workflow/rules/simulate.smk"

