@@ -58,7 +58,7 @@ rule verdicts:
     output:
         "figures/verdicts.md",
     params:
-        overhead_dir=OVERHEAD_DIR if OVERHEAD else None,
+        overhead_dir=lambda wc, input: str(Path(input.overhead[0]).parent) if input.overhead else None,
     log:
         "logs/figures/verdicts.log",
     run:
