@@ -1,0 +1,156 @@
+"""The figure checker (tests/figure_layout.py) flags deliberately bad figures - colliding tick
+labels, a legend on the bars, on a line, on a neighbour's axes, titles over each other, text
+outside the figure - and passes a clean one."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from figure_layout import SavedFigure, assert_readable, checked_saves, layout_problems
+from matplotlib.ticker import NullFormatter
+
+from feather.atomic import atomic_target
+
+PACKAGE = Path(__file__).resolve().parents[1] / "feather"
+
+
+def kinds(fig: plt.Figure) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for problem in layout_problems(fig):
+        found.setdefault(problem.kind, []).append(problem.what)
+    plt.close(fig)
+    return found
+
+
+def only_save(draw: Callable[[Path], Any], tmp_path: Path) -> SavedFigure:
+    with checked_saves() as saved:
+        draw(tmp_path / "figure.png")
+    assert len(saved) == 1, [s.path for s in saved]
+    return saved[0]
+
+
+def readable(saved: SavedFigure, name: str) -> None:
+    assert not saved.problems, f"{name} is not readable:\n  " + "\n  ".join(
+        map(str, saved.problems)
+    )
+
+
+# ---- the checker ---------------------------------------------------------------------------
+
+
+def test_the_checker_flags_minor_log_labels_colliding() -> None:
+    """C1's axis as it was: batch sizes 25-800 on matplotlib's default log labels."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.0))
+    sizes = [25, 50, 100, 200, 400, 800]
+    ax.plot(sizes, [1, 2, 3, 4, 5, 6], marker="o")
+    ax.set_xscale("log")
+    found = kinds(fig)
+    assert set(found) == {"ticks"}, found
+    assert any("'3x10^1' overlaps" in w and "'4x10^1'" in w for w in found["ticks"]), found
+
+
+def test_the_checker_flags_long_labels_colliding_on_one_axis() -> None:
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar(range(5), [1, 2, 3, 4, 5])
+    ax.set_xticks(range(5), [f"a long category name {i}" for i in range(5)])
+    fig.tight_layout()
+    found = kinds(fig)["ticks"]
+    for i in range(4):  # each label against its neighbour (and more)
+        assert any(f"name {i}' overlaps" in w and f"name {i + 1}'" in w for w in found), found
+
+
+def test_the_checker_flags_a_legend_on_the_bars() -> None:
+    """rl_policies as it was: a legend of long entries over the held-out bars."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.bar([0, 1], [1.0, 1.05], label="groups=8,per_group=100,prefix=4000,suffix=100")
+    ax.axhline(1.0, color="grey", ls="--")
+    ax.legend(loc="upper center")
+    fig.tight_layout()
+    found = kinds(fig)
+    assert set(found) == {"legend-data"}, found
+    assert "rectangle" in found["legend-data"][0]
+
+
+def test_the_checker_flags_a_line_or_markers_under_a_legend() -> None:
+    # a segment crossing the legend with both its vertices outside it
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot([0, 10], [0, 10], label="diagonal")
+    ax.legend(loc="center")
+    assert "line 'diagonal'" in kinds(fig)["legend-data"][0]
+    # markers only (no line between them): the one in the middle is under the legend
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot([0, 5, 10], [0, 5, 10], ls="none", marker="o", label="points")
+    ax.legend(loc="center")
+    assert "line 'points'" in kinds(fig)["legend-data"][0]
+    # scatter markers and error bars count too
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter([0, 5, 10], [0, 5, 10], label="scatter")
+    ax.errorbar([0, 10], [10, 0], yerr=1, ls="none", label="bars")
+    ax.legend(loc="center")
+    assert "PathCollection 'scatter'" in kinds(fig)["legend-data"][0]
+
+
+def test_the_checker_flags_a_legend_reaching_into_the_next_axes() -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax in axes:
+        ax.bar([0, 1, 2], [3, 3, 3], label="a bar label long enough to reach across")
+        ax.set_ylabel("throughput")
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.02, 1))  # beside, but no room made
+    found = kinds(fig)
+    assert any("axes 0 legend covers axes 1" in w for w in found["legend-data"]), found
+    assert any("axes 1 y tick label" in w and "axes 0 legend" in w for w in found["text"]), found
+
+
+def test_the_checker_flags_titles_across_subplots_and_text_outside() -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+    for ax in axes:
+        ax.set_title("a title much too long for half of a six-inch figure")
+    fig.suptitle("a figure title that is longer than the whole figure is wide: " * 2)
+    found = kinds(fig)
+    assert any("axes 0" in w and "axes 1" in w and "title" in w for w in found["text"]), found
+    assert any("figure text" in w for w in found["outside"]), found
+
+
+def test_the_checker_passes_a_clean_figure() -> None:
+    """The fixes' patterns: legend beside, sweep points on the log axis, rotated labels that
+    are apart although their axis-aligned boxes overlap, a reference line under the legend."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    sizes = [25, 50, 100, 200, 400, 800]
+    axes[0].plot(sizes, sizes, marker="o", label="homogeneous")
+    axes[0].set_xscale("log")
+    axes[0].set_xticks(sizes, [str(s) for s in sizes])
+    axes[0].xaxis.set_minor_formatter(NullFormatter())
+    axes[0].axhline(400, color="grey", ls="--")
+    axes[0].legend(loc="upper left")  # the line passes below it, the axhline through it
+    names = [f"feather-static + kernel {i}" for i in range(6)]
+    axes[1].bar(names, range(1, 7), label="throughput")
+    axes[1].tick_params(axis="x", rotation=30)
+    axes[1].legend(title="setup", loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle("clean")
+    fig.tight_layout()
+    assert_readable(fig)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in axes[1].get_xticklabels()]
+    assert any(a.overlaps(b) for a, b in itertools.pairwise(boxes))
+    plt.close(fig)
+
+
+def test_checked_saves_checks_each_figure_as_it_is_saved(tmp_path: Path) -> None:
+    def draw(path: Path) -> None:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.bar([0, 1], [1, 1], label="bars")
+        ax.legend(loc="center")
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+        plt.close(fig)
+
+    saved = only_save(draw, tmp_path)
+    assert [p.kind for p in saved.problems] == ["legend-data"]
+    assert (tmp_path / "figure.png").stat().st_size > 0  # and the figure is still saved
