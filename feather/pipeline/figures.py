@@ -21,6 +21,7 @@ import pandas as pd
 import seaborn as sns
 
 from feather.atomic import atomic_target
+from feather.figure_style import label_points
 
 FIGURES: dict[str, Callable[..., None]] = {}
 
@@ -83,6 +84,7 @@ def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             ylabel="output throughput (tokens/s)",
             title=hw,
         )
+        label_points(ax.xaxis, part["size"].unique())
         ax.legend(title="batch composition")
     fig.suptitle(meta["title"])
     _save(
