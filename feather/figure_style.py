@@ -4,9 +4,19 @@ data and no tick labels collide (tests/figure_layout.py checks every figure for 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.axis import Axis
+from matplotlib.legend import Legend
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+
+def legend_beside(ax: Axes, *args: Any, **kwargs: Any) -> Legend:
+    """The axes' legend outside it, to its right, top-aligned: it can cover no data, whatever
+    the data; `tight_layout` makes room for it (it is part of the axes' tight box)."""
+    return ax.legend(*args, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+                     **kwargs)
 
 
 def label_points(axis: Axis, values: Iterable[float]) -> None:

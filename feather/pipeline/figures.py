@@ -21,7 +21,7 @@ import pandas as pd
 import seaborn as sns
 
 from feather.atomic import atomic_target
-from feather.figure_style import label_points
+from feather.figure_style import label_points, legend_beside
 
 FIGURES: dict[str, Callable[..., None]] = {}
 
@@ -346,9 +346,19 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     )
 
 
+def _wrap_spec(spec: str, width: int = 36) -> str:
+    """A workload spec on lines of at most about `width` characters, broken after commas."""
+    lines = [""]
+    for part in spec.split(","):
+        if lines[-1] and len(lines[-1]) + len(part) + 1 > width:
+            lines.append("")
+        lines[-1] += ("," if lines[-1] else "") + part
+    return ",\n".join(lines)
+
+
 @figure("rl_policies")
 def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     for report in reports:
         history = report["training"]["history"]
         axes[0].plot(
@@ -365,8 +375,8 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     axes[0].legend(fontsize=7)
     rows = [
         {
-            "learner": f"{r['training']['learner']} ({r['hardware']})",
-            "workload": run["workload"].split(",seed")[0].replace("synthetic:", ""),
+            "learner": f"{r['training']['learner']}\n({r['hardware']})",
+            "workload": _wrap_spec(run["workload"].split(",seed")[0].replace("synthetic:", "")),
             "ratio": run["ratio"],
         }
         for r in reports
@@ -382,7 +392,7 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         ylabel="throughput / feather-static",
         title="held-out workloads and seeds",
     )
-    axes[1].legend(fontsize=6)
+    legend_beside(axes[1], title="held-out workload", fontsize=6, title_fontsize=7)
     fig.suptitle(meta["title"])
     _save(
         fig,
