@@ -44,16 +44,19 @@ def _producers(frame: pd.DataFrame) -> str:
 
 
 def _save(fig: plt.Figure, out: Path, caption: str) -> None:
-    fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True)
+    text = fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True)
+    # the axes start above the caption, however many lines it wraps to
+    caption_top = 0.005 + text.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
     right = 0.86 if fig.legends else 1.0
-    fig.tight_layout(rect=(0, 0.05, right, 1))
+    fig.tight_layout(rect=(0, caption_top + 0.01, right, 1))
     with atomic_target(out) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 
-def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
-    fig, axes = plt.subplots(1, max(1, n), figsize=(5.2 * max(1, n), 4.0), squeeze=False)
+def _grid(n: int, width: float = 5.2) -> tuple[plt.Figure, list[plt.Axes]]:
+    """n panels side by side, each `width` inches wide (more where a legend sits beside)."""
+    fig, axes = plt.subplots(1, max(1, n), figsize=(width * max(1, n), 4.0), squeeze=False)
     return fig, list(axes[0])
 
 
@@ -86,7 +89,7 @@ def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         )
         label_points(ax.xaxis, part["size"].unique())
         ax.legend(title="batch composition")
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -111,7 +114,7 @@ def c2(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             title=hw,
         )
         ax.legend(title="attention kernel")
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -186,7 +189,7 @@ def c5(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, title="scheduler", loc="center right")
     fig.subplots_adjust(right=0.85)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -214,13 +217,14 @@ def _prefix_sort(label: str) -> float:
 def c6(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = table[table.experiment == "c6"].copy()
     data["relative"] = _ratio_to(data, "fcfs", ["hardware"])
-    fig, axes = _grid(1)
+    fig, axes = _grid(1, width=7.5)
     sns.barplot(
         data=data, x="hardware", y="relative", hue="scheduler", ax=axes[0], errorbar=("pi", 100)
     )
     axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
     axes[0].set(ylim=(0.9, 1.05), xlabel="hardware", ylabel="output throughput / FCFS")
-    fig.suptitle(meta["title"])
+    legend_beside(axes[0], title="scheduler")
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -242,7 +246,7 @@ def c7(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             xlabel="scheduler + attention kernel", ylabel="output throughput (tokens/s)", title=hw
         )
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -281,21 +285,23 @@ def load(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         data=data, x="rate", y="longest_wait_s", hue="scheduler", ax=axes[2], errorbar=("pi", 100)
     )
     axes[2].set(xlabel="arrival rate (requests/s)", ylabel="longest wait before admission (s)")
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}. Poisson arrivals.")
 
 
 @figure("hardware_comparison")
 def hardware(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = table[table.experiment == "hardware"].copy()
-    fig, axes = _grid(1)
+    fig, axes = _grid(1, width=8.0)
     sns.barplot(
         data=data, x="hardware", y="output_tok_s", hue="scheduler", ax=axes[0], errorbar=("pi", 100)
     )
     axes[0].set(
         xlabel="hardware (from each run's provenance)", ylabel="output throughput (tokens/s)"
     )
-    fig.suptitle(meta["title"])
+    axes[0].tick_params(axis="x", rotation=30)
+    legend_beside(axes[0], title="scheduler")
+    fig.suptitle(meta["title"], wrap=True)
     _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}.")
 
 
@@ -335,7 +341,7 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     handles, labels = axes[0].get_legend_handles_labels()
     axes[1].set_ylim(0, 1.4)  # a fraction, with room above the bars for the legend
     axes[1].legend(handles, labels, title="produced by", loc="upper right", fontsize=8)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     real = data[data.source.str.startswith("real")]
     workloads = ", ".join(sorted(real.workload.dropna().map(lambda w: Path(str(w)).stem).unique()))
     _save(
@@ -393,7 +399,7 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         title="held-out workloads and seeds",
     )
     legend_beside(axes[1], title="held-out workload", fontsize=6, title_fontsize=7)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
