@@ -1,9 +1,16 @@
-"""The figure checker (tests/figure_layout.py) flags deliberately bad figures - colliding tick
-labels, a legend on the bars, on a line, on a neighbour's axes, titles over each other, text
-outside the figure - and passes a clean one."""
+"""Every figure the suite draws is readable: each figure function, drawn on a small table shaped
+like the default run's (tests/figure_tables.py), saves a figure in which no tick labels
+collide, no legend covers data or text, and every text stays inside the figure - the rules of
+tests/figure_layout.py, checked in the state the figure is saved in. First, the checker itself
+must flag deliberately bad figures and pass a clean one.
+
+A figure registered later (feather/pipeline/figures.py's FIGURES) is checked here as soon as a
+default experiment names it; its table comes from the experiment's own runs.
+"""
 
 from __future__ import annotations
 
+import ast
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +20,22 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import pytest
 from figure_layout import SavedFigure, assert_readable, checked_saves, layout_problems
+from figure_tables import (
+    default_experiments,
+    kernel_document,
+    meta,
+    overhead_inputs,
+    rl_reports,
+    summary_table,
+)
 from matplotlib.ticker import NullFormatter
 
 from feather.atomic import atomic_target
+from feather.bench import kernel_figure
+from feather.overhead import figures as overhead_figures
+from feather.pipeline.figures import FIGURES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "feather"
 
@@ -154,3 +173,73 @@ def test_checked_saves_checks_each_figure_as_it_is_saved(tmp_path: Path) -> None
     saved = only_save(draw, tmp_path)
     assert [p.kind for p in saved.problems] == ["legend-data"]
     assert (tmp_path / "figure.png").stat().st_size > 0  # and the figure is still saved
+
+
+# ---- the figures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def experiments():
+    return default_experiments()
+
+
+@pytest.fixture(scope="module")
+def table(experiments):
+    return summary_table(experiments)
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_pipeline_figure_is_readable(name: str, experiments, table, tmp_path: Path) -> None:
+    experiment = next((e for e in experiments.values() if e.figure == name), None)
+    assert experiment is not None, f"no default experiment draws {name}"
+    data = rl_reports(experiment) if name == "rl_policies" else table
+    readable(only_save(lambda out: FIGURES[name](data, out, meta(experiment)), tmp_path), name)
+
+
+OVERHEAD = {
+    "overhead_vs_prefix": lambda inputs, out: overhead_figures.vs_prefix(inputs[0], out),
+    "overhead_vs_waiting": lambda inputs, out: overhead_figures.vs_waiting(inputs[0], out),
+    "overhead_speedup": lambda inputs, out: overhead_figures.speedup(inputs[1], out),
+    "overhead_fraction": lambda inputs, out: overhead_figures.fraction(inputs[2], out),
+}
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    return overhead_inputs("default")
+
+
+def test_every_overhead_figure_is_checked() -> None:
+    assert set(OVERHEAD) == set(overhead_figures.FIGURES)
+
+
+@pytest.mark.parametrize("name", sorted(OVERHEAD))
+def test_overhead_figure_is_readable(name: str, overhead, tmp_path: Path) -> None:
+    readable(only_save(lambda out: OVERHEAD[name](overhead, out), tmp_path), name)
+
+
+def test_kernel_figure_is_readable(tmp_path: Path) -> None:
+    """This CPU's results and, beside them, a GPU's (torch and Triton) as gpu/kernels.sh
+    makes them: three sources in every panel."""
+    documents = [
+        kernel_document("cpu", "Intel(R) Xeon(R) Processor, torch threads: 1", ["torch"]),
+        kernel_document("cuda", "NVIDIA H200", ["torch", "triton"]),
+    ]
+    readable(only_save(lambda out: kernel_figure.draw(documents, out), tmp_path), "kernels")
+
+
+def test_every_module_that_saves_a_figure_is_checked_here() -> None:
+    """A new module drawing figures needs its test above (then add it to this list)."""
+    saving = {
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if any(
+            isinstance(node, ast.Attribute) and node.attr == "savefig"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    }
+    assert saving == {
+        "feather/pipeline/figures.py",
+        "feather/overhead/figures.py",
+        "feather/bench/kernel_figure.py",
+    }

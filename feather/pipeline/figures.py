@@ -3,6 +3,9 @@
 Every figure names the claim it tests in its title, labels its axes with units, says in a
 caption what produced the numbers (simulated profile, real engine on CPU, real GPU), and
 shows the spread over seeds where there are several (error bars: min-max over seeds).
+Every registered figure must also be readable - no colliding tick labels, no legend on the
+data - which tests/test_figures_readable.py checks on a default-shaped table
+(feather/figure_style.py: legends beside the axes, log axes labelled at the swept values).
 """
 
 from __future__ import annotations
