@@ -44,14 +44,15 @@ def _rng(*key: Any) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(json.dumps(key, default=str).encode()))
 
 
-def default_config() -> dict[str, Any]:
+def default_config(**changes: Any) -> dict[str, Any]:
     config = yaml.safe_load((REPO / "config.yaml").read_text())
-    return {**config, "seeds": SEEDS}
+    return {**config, "seeds": SEEDS, **changes}
 
 
-def default_experiments() -> dict[str, Experiment]:
-    """The default config's experiments, expanded as on a CPU machine with L-Eval data."""
-    config = default_config()
+def default_experiments(**changes: Any) -> dict[str, Experiment]:
+    """The default config's experiments (with `changes` to it), expanded as on a CPU machine
+    with L-Eval data."""
+    config = default_config(**changes)
     return load_all(
         REPO / "experiments",
         config["experiments"],

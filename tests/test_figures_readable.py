@@ -178,9 +178,13 @@ def test_checked_saves_checks_each_figure_as_it_is_saved(tmp_path: Path) -> None
 # ---- the figures ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def experiments():
-    return default_experiments()
+@pytest.fixture(
+    scope="module",
+    params=[{}, {"hardware": ["a100-80gb"]}],
+    ids=["default config", "one hardware profile"],  # a panel per profile: 2 or 1
+)
+def experiments(request):
+    return default_experiments(**request.param)
 
 
 @pytest.fixture(scope="module")

@@ -48,10 +48,14 @@ def _producers(frame: pd.DataFrame) -> str:
 
 def _save(fig: plt.Figure, out: Path, caption: str) -> None:
     text = fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True)
-    # the axes start above the caption, however many lines it wraps to
-    caption_top = 0.005 + text.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
-    right = 0.86 if fig.legends else 1.0
-    fig.tight_layout(rect=(0, caption_top + 0.01, right, 1))
+    renderer = fig.canvas.get_renderer()
+    # the axes start above the caption, however many lines it wraps to, and end left of a
+    # figure legend (at the right edge, loc="center right"), however wide it is
+    caption_top = 0.005 + text.get_window_extent(renderer).height / fig.bbox.height
+    right = min(
+        [1.0] + [1 - lg.get_window_extent(renderer).width / fig.bbox.width for lg in fig.legends]
+    )
+    fig.tight_layout(rect=(0, caption_top + 0.01, right - (0.01 if fig.legends else 0), 1))
     with atomic_target(out) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
@@ -163,7 +167,7 @@ def c5(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         len(families),
         len(hardware),
         squeeze=False,
-        figsize=(6.0 * len(hardware), 3.6 * len(families)),
+        figsize=(6.0 * len(hardware) + 1.8, 3.6 * len(families)),  # + the legend beside
     )
     low, high = data.relative.min(), data.relative.max()
     for row, family in enumerate(families):
