@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from feather.atomic import atomic_target
-from feather.figure_style import legend_beside
+from feather.figure_style import label_points, legend_beside
 
 KERNELS = ("paged", "cascade", "pat")
 
@@ -67,6 +67,7 @@ def draw(documents: Sequence[dict[str, Any]], out: Path) -> None:
     c2.set_title("C2: divergent requests (cascade loses its shared prefix)", fontsize=10)
     prefix.set_xscale("log")
     prefix.set_yscale("log")
+    label_points(prefix.xaxis, {x for line in prefix.get_lines() for x in line.get_xdata()})
     prefix.set_xlabel("shared prefix (tokens, log)")
     prefix.set_ylabel("kernel time (ms, log)")
     prefix.set_title("kernel time vs shared-prefix length", fontsize=10)

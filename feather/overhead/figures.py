@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from feather.atomic import atomic_target
-from feather.figure_style import legend_beside
+from feather.figure_style import label_points, legend_beside
 from feather.overhead.report import with_labels
 
 FIGURES = ("overhead_vs_prefix", "overhead_vs_waiting", "overhead_speedup", "overhead_fraction")
@@ -47,6 +47,7 @@ def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str) -> None:
         ax.plot(group[x], group["us_per_decision"], label=name, **_style(name, i))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    label_points(ax.xaxis, rows[x].unique())
     ax.set_ylabel("CPU time per decision (µs, log)")
     ax.grid(True, which="both", alpha=0.3)
     legend_beside(ax, fontsize=7)
@@ -102,6 +103,7 @@ def speedup(speedups: pd.DataFrame, path: Path) -> None:
     ax.axhline(1, color="grey", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    label_points(ax.xaxis, sub.prefix_tokens.unique())
     ax.set_xlabel("shared prefix length (tokens, log)")
     ax.set_ylabel("baseline time / CHT time to form a batch (log)")
     ax.set_title(f"C4: CHT speedup over each baseline ({w:,} waiting)")
