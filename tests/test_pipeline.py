@@ -12,14 +12,22 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from figure_layout import checked_saves
+from figure_tables import meta
 
+from feather.bench.kernel_figure import draw_files
+from feather.models import get_model
+from feather.overhead import report
 from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
+from feather.overhead.figures import draw_all
 from feather.pipeline.experiments import (
     ExperimentError,
     experiment_files,
     load_all,
     load_experiment,
 )
+from feather.pipeline.figures import draw
+from feather.sim.hardware import get_hardware
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_EXPERIMENTS = REPO / "tests" / "fixtures" / "tiny_experiments"
@@ -178,6 +186,29 @@ def test_the_overhead_and_kernel_experiments_run_in_the_pipeline(finished: Path)
         assert (finished / "figures" / f"{name}.png").stat().st_size > 10_000, name
     kernels = json.loads((finished / "results" / "cpu" / "kernels" / "kernels.json").read_text())
     assert kernels["device"] == "cpu" and kernels["provenance"]["git"]["revision"]
+
+
+def test_the_figures_of_a_real_run_are_readable(finished: Path, tmp_path: Path) -> None:
+    """Every figure redrawn from the tiny run's own results, checked as tests/figure_layout.py
+    says (tests/test_figures_readable.py checks them on default-sized inputs)."""
+    results = finished / "results"
+    with checked_saves() as saved:
+        drawn = 0
+        for path in experiment_files(TINY_EXPERIMENTS):
+            experiment = load_experiment(path)
+            for name in experiment.figures:
+                reports = sorted(results.glob("*/sim/rl/*/report.json"))
+                draw(name, results / "summary.parquet", tmp_path / f"{name}.png",
+                     meta(experiment), reports if name == "rl_policies" else ())
+                drawn += 1
+        rows = pd.read_parquet(results / "cpu" / "overhead" / "bench.parquet")
+        hardware = [get_hardware("a100-80gb"), get_hardware("h200")]
+        fractions = report.fractions(rows, get_model("llama-3.1-8b"), hardware, None, 128)
+        draw_all(rows, report.speedups(rows), fractions, tmp_path)
+        draw_files([results / "cpu" / "kernels" / "kernels.json"], tmp_path / "kernels.png")
+    assert len(saved) == drawn + len(OVERHEAD_FIGURES) + 1
+    problems = [f"{s.path.name}: {p}" for s in saved for p in s.problems]
+    assert not problems, "\n".join(problems)
 
 
 def test_overhead_is_not_a_simulator_experiment(tmp_path: Path) -> None:
