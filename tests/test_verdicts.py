@@ -128,3 +128,17 @@ def test_a_claim_without_data_is_not_testable_and_the_page_states_its_rules(tmp_
     page = (tmp_path / "verdicts.md").read_text()
     assert "at least half its size" in page and "git revision abc" in page
     assert page.count("\n| C") == 7
+
+
+def test_the_report_finds_each_figure_of_an_experiment_drawing_two(tmp_path) -> None:
+    """figures/ours.md has one row per experiment; c5 draws two figures, both labelled."""
+    from feather.pipeline.report import ours_from_table
+
+    ours = tmp_path / "ours.md"
+    ours.write_text("| figure | claim | paper | ours (this run) |\n|---|---|---|---|\n"
+                    "| c5_end_to_end, c5_time_split | C5 | 2x | 2.9x<br>per seed |\n"
+                    "| c1_homogeneous_vs_mixed | C1 | 1.9x | 1.7x |\n")
+    assert ours_from_table(ours, "c5_time_split") == "2.9x; per seed"
+    assert ours_from_table(ours, "c5_end_to_end") == "2.9x; per seed"
+    assert ours_from_table(ours, "c1_homogeneous_vs_mixed") == "1.7x"
+    assert ours_from_table(ours, "c5") is None

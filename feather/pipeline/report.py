@@ -19,16 +19,19 @@ from markdown_it import MarkdownIt
 
 from feather.atomic import write_text_atomic
 
-_ROW = re.compile(r"^\| (\w+)(?:\.png)? \| (.*) \|\s*$")
+_ROW = re.compile(r"^\| (\w+(?:\.png)?(?:, \w+(?:\.png)?)*) \| (.*) \|\s*$")
 
 
 def _table_rows(markdown: str) -> dict[str, list[str]]:
-    """`| name | a | b | ... |` rows of a markdown table, by their first cell."""
+    """`| name | a | b | ... |` rows of a markdown table, by their first cell (each name of a
+    cell listing several, `| a, b | ... |`: an experiment drawing two figures)."""
     rows = {}
     for line in markdown.splitlines():
         match = _ROW.match(line)
         if match:
-            rows[match.group(1)] = [cell.strip() for cell in match.group(2).split(" | ")]
+            cells = [cell.strip() for cell in match.group(2).split(" | ")]
+            for name in match.group(1).split(", "):
+                rows[name.removesuffix(".png")] = cells
     return rows
 
 
