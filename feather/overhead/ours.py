@@ -52,7 +52,7 @@ class FeatherCHT(Implementation):
         arrival = (time.perf_counter() - start) / case.waiting
         # One request of every group in the working set: then a waiting request's depth in
         # it is what it shares with the running batch (the CHT's answer to "shared prefix").
-        reps = [("rep", g) for g in range(case.groups)]
+        reps = [("rep", g) for g in range(case.cached_groups)]
         for g, rep in enumerate(reps):
             tree.add_waiting(rep, prefixes[g] + suffix(case, case.waiting + g))
             tree.admit(rep)
