@@ -89,6 +89,7 @@ class StepCost:
     compute_time_s: float  # GEMM kernels + attention FLOPs
     overhead_s: float
     time_s: float
+    attention_time_s: float  # the attention kernels' part of time_s (the rest: dense + launch)
     bound: str  # the longest part: gemm, activations, kv_dram, kv_l2 or attention_flops
 
     @property
@@ -525,5 +526,6 @@ def step_cost(
         compute_time_s=compute_time,
         overhead_s=hw.launch_overhead_s,
         time_s=dense_time + attention_time + hw.launch_overhead_s,
+        attention_time_s=attention_time,
         bound=max(limits, key=limits.get),
     )
