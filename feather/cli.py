@@ -19,6 +19,7 @@ from feather.cli_values import (
     seeds,
 )
 from feather.profiles import register_profiles
+from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
 
 
 class _Parser(argparse.ArgumentParser):
@@ -281,6 +282,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         num_blocks=args.num_blocks,
         kv_pool_fraction=args.kv_pool_fraction,
         sched_time=args.sched_time,
+        sched_cost_model=args.sched_cost_model,
         overlap_scheduling=args.overlap_scheduling,
     )
     result = simulate(spec, progress=None if args.quiet else stderr_progress)
@@ -484,8 +486,10 @@ def build_parser() -> argparse.ArgumentParser:
     bkern.set_defaults(func=_cmd_bench_kernels)
 
     from feather.overhead.cli import register as register_overhead
+    from feather.sim.sched_cost_cli import register as register_sched_cost
 
     register_overhead(commands)
+    register_sched_cost(commands)
     workload = commands.add_parser("workload", help="build and inspect workloads")
     workloads = workload.add_subparsers(dest="workload", required=True)
     wb = workloads.add_parser(
@@ -609,9 +613,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="scheduling time in simulated time: calibrated model or none",
     )
     sim.add_argument(
+        "--sched-cost-model",
+        default=DEFAULT_COST_MODEL,
+        metavar="NAME",
+        help=f"what scheduling costs: {', '.join(COST_MODELS)} (default {DEFAULT_COST_MODEL}: "
+        f"{DEFAULT_REASON})",
+    )
+    sim.add_argument(
         "--overlap-scheduling",
-        action="store_true",
-        help="scheduling overlaps the GPU step (async scheduling)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a step takes max(GPU, scheduling) instead of their sum (default: on in sglang "
+        "mode, as SGLang's overlap scheduler; off in vllm mode)",
     )
     sim.add_argument(
         "--hardware-profile",

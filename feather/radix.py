@@ -93,6 +93,7 @@ class RadixTree:
         self.root = RadixNode((), None, next(self._ids), 0, lock_ref=1)
         self._total_tokens = 0
         self._locked_tokens = 0
+        self._num_nodes = 0  # besides the root
         self._evictable: set[RadixNode] = set()  # unlocked leaves other than the root
 
     # ---- sizes ---------------------------------------------------------------------------
@@ -100,6 +101,11 @@ class RadixTree:
     def total_tokens(self) -> int:
         """Tokens held by the tree (sum of all node key lengths)."""
         return self._total_tokens
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes besides the root (what a walk over the whole tree visits)."""
+        return self._num_nodes
 
     @property
     def locked_tokens(self) -> int:
@@ -120,23 +126,45 @@ class RadixTree:
             stack.extend(reversed(node.children.values()))
 
     # ---- matching and insertion ----------------------------------------------------------
-    def match_prefix(self, tokens: Sequence[int]) -> tuple[int, RadixNode]:
+    def match_prefix(
+        self, tokens: Sequence[int], hint: tuple[int, RadixNode] | None = None
+    ) -> tuple[int, RadixNode]:
         """Longest cached prefix of `tokens` in whole pages: (matched length, its last node).
 
         If the match ends inside a node, that node is split there so the returned node ends
         exactly at the matched length; the root is returned for an empty match.
+
+        `hint`: this tree's answer for the same `tokens` at an earlier call. While its node
+        is still in the tree its path still spells the first `matched` tokens (a split keeps
+        the deeper part as the original node; only leaves are evicted), so the walk resumes
+        there instead of comparing the prefix again; the answer, the splits and the nodes
+        touched are exactly those of a walk from the root. A stale hint (evicted node, other
+        tree) is ignored.
         """
-        key = self._page_aligned(tokens)
+        if not isinstance(tokens, tuple):
+            tokens = tuple(tokens)
+        end = len(tokens) - len(tokens) % self.page_size
         now = self._tick()
-        node = self.root
-        node.last_access = now
-        pos = 0
-        while pos < len(key):
-            child = node.children.get(self._child_key(key, pos))
+        if hint is not None:
+            matched, node = hint
+            path = self._path_from_root(node) if matched <= end else None
+            if path is not None:
+                for n in path:
+                    n.last_access = now
+                return self._descend(tokens, end, matched, node, now)
+        self.root.last_access = now
+        return self._descend(tokens, end, 0, self.root, now)
+
+    def _descend(
+        self, tokens: tuple[int, ...], end: int, pos: int, node: RadixNode, now: int
+    ) -> tuple[int, RadixNode]:
+        """Walk down from `node`, which ends at `pos`, matching tokens[pos:end]."""
+        while pos < end:
+            child = node.children.get(self._child_key(tokens, pos))
             if child is None:
                 break
             child.last_access = now
-            n = self._common_len(child.key, key, pos)
+            n = self._common_len(child.key, tokens, pos, end)
             pos += n
             if n < len(child.key):
                 node = self._split(child, n)
@@ -158,11 +186,12 @@ class RadixTree:
                 leaf = RadixNode(key[pos:], node, next(self._ids), now)
                 node.children[child_key] = leaf
                 self._total_tokens += len(leaf.key)
+                self._num_nodes += 1
                 self._evictable.discard(node)  # no longer a leaf
                 self._evictable.add(leaf)
                 return leaf
             child.last_access = now
-            n = self._common_len(child.key, key, pos)
+            n = self._common_len(child.key, key, pos, len(key))
             pos += n
             node = self._split(child, n) if n < len(child.key) else child
         return node
@@ -209,6 +238,7 @@ class RadixTree:
             leaf.parent = None  # detached: lock/unlock on it now fail loudly
             self._evictable.discard(leaf)
             self._total_tokens -= len(leaf.key)
+            self._num_nodes -= 1
             evicted += len(leaf.key)
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 self._evictable.add(parent)
@@ -233,12 +263,14 @@ class RadixTree:
             return key[start]
         return key[start : start + self.page_size]
 
-    def _common_len(self, node_key: tuple[int, ...], key: tuple[int, ...], start: int) -> int:
-        """Common prefix of `node_key` and `key[start:]`, in whole pages."""
+    def _common_len(
+        self, node_key: tuple[int, ...], key: tuple[int, ...], start: int, end: int
+    ) -> int:
+        """Common prefix of `node_key` and `key[start:end]`, in whole pages."""
         n = len(node_key)
-        if key[start : start + n] == node_key:  # the common case, at C speed
+        if start + n <= end and key[start : start + n] == node_key:  # common, at C speed
             return n
-        limit = min(n, len(key) - start)
+        limit = min(n, end - start)
         i = 0
         while i < limit and node_key[i] == key[start + i]:
             i += 1
@@ -256,10 +288,24 @@ class RadixTree:
             child.key[:split_len], parent, next(self._ids), child.last_access, child.lock_ref
         )
         parent.children[self._child_key(child.key, 0)] = upper
+        self._num_nodes += 1
         child.key = child.key[split_len:]
         child.parent = upper
         upper.children[self._child_key(child.key, 0)] = child
         return upper
+
+    def _path_from_root(self, node: RadixNode) -> list[RadixNode] | None:
+        """The nodes from the root down to `node`, root included; None if `node` is not
+        in this tree (evicted, or from before a reset)."""
+        path: list[RadixNode] = []
+        n: RadixNode | None = node
+        while n is not None and n is not self.root:
+            path.append(n)
+            n = n.parent
+        if n is None:
+            return None
+        path.append(n)
+        return path
 
     def _path_to_root(self, node: RadixNode) -> list[RadixNode]:
         """The nodes from `node` up to (not including) the root; fails for foreign nodes."""

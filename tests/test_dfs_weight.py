@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from toy_engine import add, admission_step, lcp, warm
+from toy_engine import ToyRequest, add, admission_step, lcp, run, warm
 
 from feather.policies import Request, create_scheduler
 from feather.policies.dfs_weight import DFSWeightPolicy
@@ -138,3 +138,53 @@ def test_order_equals_brute_force(
     for i, tokens in enumerate(waiting):
         policy.add_request(Request(i, prompt_token_ids=tokens))
     assert admission_step(policy) == dfs_weight_reference(cached, waiting, page)
+
+
+# ---- the resumed matches (the port's speed-up) change no decision -------------------------------
+
+
+class _FromTheRoot(DFSWeightPolicy):
+    """The port as it was: every waiting request matched from the root at every pass."""
+
+    def _match(self, req_id):
+        return self.tree_cache.match_prefix(self._tokens[req_id])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    page=st.integers(1, 3),
+    prompts=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 12), st.lists(st.integers(0, 2), max_size=6)),
+        min_size=1,
+        max_size=30,
+    ),
+    capacity=st.one_of(st.none(), st.integers(0, 60)),
+    refuse_every=st.integers(2, 7),
+    preempt_every=st.integers(2, 9),
+    max_running=st.integers(1, 6),
+)
+def test_resumed_matches_take_the_same_decisions(
+    page, prompts, capacity, refuse_every, preempt_every, max_running
+) -> None:
+    """Arrivals over steps, refusals, preemptions, finishes and LRU eviction of a small
+    mirrored cache: the same candidates offered and the same requests running every step."""
+    stems = [[s] * 4 + [s, 1, 2] * 4 for s in range(4)]
+    requests = [
+        ToyRequest(i, stems[stem][:cut] + tail, output_len=1 + i % 3, arrival_step=i // 4)
+        for i, (stem, cut, tail) in enumerate(prompts)
+    ]
+
+    def drive(policy: DFSWeightPolicy) -> list:
+        logs = run(
+            policy,
+            requests,
+            max_running=max_running,
+            fits=lambda step, req_id: (step + req_id) % refuse_every != 0,
+            preempt_at=lambda step: step % preempt_every == preempt_every - 1,
+        )
+        return [(log.admitted, log.running) for log in logs]
+
+    def make(cls: type) -> DFSWeightPolicy:
+        return cls(page_size=page, cache_capacity_tokens=capacity)
+
+    assert drive(make(DFSWeightPolicy)) == drive(make(_FromTheRoot))

@@ -21,7 +21,13 @@ from feather.models import get_model
 from feather.overhead import report
 from feather.overhead.envs import STATUS_FILE, build_env, read_status
 from feather.overhead.harness import AgreementError, Harness, ImplSpec, Worker
-from feather.overhead.scenario import Case, expected_matches, group_prefixes, waiting_requests
+from feather.overhead.scenario import (
+    Case,
+    expected_matches,
+    group_prefixes,
+    head_hit_tokens,
+    waiting_requests,
+)
 from feather.policies.base import Request, StepContext
 from feather.policies.dfs_weight import DFSWeightPolicy
 from feather.policies.lpm import LPMPolicy
@@ -53,6 +59,15 @@ def test_scenario_groups_share_exactly_their_prefix() -> None:
     assert expected_matches(case) == [32] * 12
 
 
+def test_cold_groups_share_nothing_with_the_cache() -> None:
+    case = Case(waiting=12, prefix_tokens=32, groups=3, batch=5, page=16, uncached_groups=1)
+    assert case.cached_groups == 2
+    assert expected_matches(case) == [32, 32, 0] * 4
+    assert head_hit_tokens(case) == 32 * 4  # the first 5 in arrival order: groups 0 1 2 0 1
+    with pytest.raises(ValueError, match="uncached_groups"):
+        Case(waiting=4, prefix_tokens=16, groups=2, batch=2, uncached_groups=3)
+
+
 def test_case_rejects_prefixes_the_implementations_cannot_agree_on() -> None:
     with pytest.raises(ValueError, match="multiple of page"):
         Case(waiting=4, prefix_tokens=100, groups=2, batch=2, page=16)
@@ -81,13 +96,15 @@ def harness(sglang_python: str):
         Case(waiting=40, prefix_tokens=256, groups=4, batch=8, page=16),
         Case(waiting=150, prefix_tokens=64, groups=5, batch=32, page=32, suffix_tokens=40),
         Case(waiting=9, prefix_tokens=128, groups=1, batch=16, page=64, suffix_tokens=3),
+        Case(waiting=30, prefix_tokens=128, groups=3, batch=8, page=16, uncached_groups=2),
     ],
     ids=lambda c: c.key,
 )
 def test_every_implementation_agrees_then_is_timed(harness: Harness, case: Case) -> None:
     rows = harness.run_case(case, repeats=2)
     seen = {(r["engine"], r["structure"], r["variant"]) for r in rows}
-    assert len(seen) == len(rows) == 2 + 1 + 3 + 3  # cht, policy; fcfs; 3 x 2 SGLang trees
+    # cht, policy; fcfs; lpm, lpm-nofallback, dfs-weight, match on each of 2 SGLang trees
+    assert len(seen) == len(rows) == 2 + 1 + 4 + 4
     for row in rows:
         assert row["agreed"] and row["repeats"] == 2 and row["batch_s"] > 0
         if row["variant"] == "cht":  # one admission per decision, up to the batch size

@@ -44,13 +44,14 @@ def distinct_pages(inserted: list[tuple[int, ...]], page_size: int) -> int:
 
 def check_structure(tree: RadixTree) -> None:
     """Invariants every operation must keep."""
-    total = locked = 0
+    total = locked = nodes = 0
     for node in tree.iter_nodes():
         if node is tree.root:
             assert node.key == () and node.parent is None
         else:
             assert len(node.key) > 0 and len(node.key) % tree.page_size == 0
             total += len(node.key)
+            nodes += 1
             if node.lock_ref > 0:
                 locked += len(node.key)
                 assert node.parent is tree.root or node.parent.lock_ref >= node.lock_ref
@@ -60,6 +61,7 @@ def check_structure(tree: RadixTree) -> None:
             assert child_key == first
     assert tree.total_tokens == total
     assert tree.locked_tokens == locked
+    assert tree.num_nodes == nodes  # kept by every insert, split, eviction and reset
 
 
 # ---- matching and insertion ------------------------------------------------------------
@@ -138,7 +140,7 @@ def test_reset_forgets_everything() -> None:
     node = tree.insert([1, 2, 3])
     tree.lock(node)
     tree.reset()
-    assert tree.total_tokens == tree.locked_tokens == 0
+    assert tree.total_tokens == tree.locked_tokens == tree.num_nodes == 0
     assert tree.match_prefix([1, 2, 3]) == (0, tree.root)
     with pytest.raises(ValueError, match="not in this tree"):
         tree.unlock(node)
@@ -267,3 +269,74 @@ EvictionMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=30, deadline=None
 )
 TestEviction = EvictionMachine.TestCase
+
+
+# ---- resuming a match from its previous answer ------------------------------------------------
+def snapshot(tree: RadixTree) -> list[tuple]:
+    """Everything about the tree an answer or an eviction can depend on, in child order."""
+    return [
+        (n.node_id, n.key, n.last_access, n.lock_ref, tuple(c.node_id for c in n.children.values()))
+        for n in tree.iter_nodes()
+    ]
+
+
+op_st = st.one_of(
+    st.tuples(st.just("insert"), tokens_st),
+    st.tuples(st.just("insert_lock"), tokens_st),
+    st.tuples(st.just("match"), st.integers(0, 5)),
+    st.tuples(st.just("evict_to"), st.integers(0, 30)),
+    st.tuples(st.just("unlock"), st.integers(0, 5)),
+    st.tuples(st.just("reset"), st.just(0)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    page_size=page_size_st,
+    queries=st.lists(st.lists(st.integers(0, 2), max_size=14), min_size=6, max_size=6),
+    ops=st.lists(op_st, max_size=40),
+)
+def test_a_hinted_match_is_a_match_from_the_root(page_size, queries, ops) -> None:
+    """Two trees through the same operations: one matches every query from the root, the
+    other resumes from the query's previous answer. Answers, splits, node ids and LRU
+    touches stay identical, so every later eviction is too."""
+    fresh, hinted = RadixTree(page_size), RadixTree(page_size)
+    hints: dict[int, tuple[int, RadixNode]] = {}
+    locked: list[tuple[RadixNode, RadixNode]] = []
+    for op, arg in ops:
+        if op in ("insert", "insert_lock"):
+            a, b = fresh.insert(arg), hinted.insert(arg)
+            if op == "insert_lock":
+                fresh.lock(a)
+                hinted.lock(b)
+                locked.append((a, b))
+        elif op == "match":
+            expected = fresh.match_prefix(queries[arg])
+            got = hinted.match_prefix(tuple(queries[arg]), hints.get(arg))
+            hints[arg] = got
+            assert got[0] == expected[0]
+            assert got[1].node_id == expected[1].node_id
+        elif op == "evict_to":
+            assert fresh.evict_to(arg) == hinted.evict_to(arg)
+        elif op == "unlock" and locked:
+            a, b = locked.pop(arg % len(locked))
+            fresh.unlock(a)
+            hinted.unlock(b)
+        elif op == "reset":
+            fresh.reset()
+            hinted.reset()
+            locked.clear()
+        assert snapshot(hinted) == snapshot(fresh)
+        check_structure(hinted)
+
+
+def test_a_stale_hint_is_ignored() -> None:
+    tree, other = RadixTree(), RadixTree()
+    tree.insert([1, 2, 3, 4])
+    hint = tree.match_prefix((1, 2, 3, 9))
+    assert hint[0] == 3
+    tree.evict(10)  # the hint's node is gone
+    assert tree.match_prefix((1, 2, 3, 9), hint) == (0, tree.root)
+    other_hint = other.match_prefix((1, 2))
+    tree.insert([1, 2])
+    assert tree.match_prefix((1, 2), other_hint)[0] == 2  # another tree's node: from the root

@@ -25,6 +25,7 @@ from feather.overhead.scenario import Case
 class Prepared:
     matches: list[int]
     arrival_s_per_request: float  # what the implementation pays once per arriving request
+    arrival_cpu_s_per_request: float | None = None  # the same in thread CPU time, where timed
 
 
 @dataclass

@@ -35,7 +35,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
 def _specs(args: argparse.Namespace, statuses: list[dict[str, Any]]) -> tuple[list, list[str]]:
     from feather.overhead.harness import ImplSpec
 
-    specs = [ImplSpec("feather")]
+    specs = [] if args.no_feather else [ImplSpec("feather")]
     skipped = []
     if not args.no_vllm:
         specs.append(ImplSpec("vllm"))
@@ -141,6 +141,8 @@ def register(commands: Any) -> None:
                      help="status record of a baseline environment (`overhead env --status-out`)")
     run.add_argument("--sglang-page-size", type=int, default=1, help="SGLang's page (default 1)")
     run.add_argument("--no-vllm", action="store_true", help="leave vLLM's lookup out")
+    run.add_argument("--no-feather", action="store_true",
+                     help="leave our CHT out (to run a sweep in pieces, one baseline at a time)")
     run.add_argument("--repeats", type=int, help="default: the spec's")
     run.add_argument("--out", required=True, help="a .parquet file (+ .json with provenance)")
     run.set_defaults(func=_cmd_run)

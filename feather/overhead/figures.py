@@ -56,7 +56,7 @@ def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str) -> None:
 # The sweep varies one case field at a time; a figure along `x` holds the others at these
 # values (or, where the sweep lacks them, at their most common value).
 _PREFERRED = {"waiting": 1000, "prefix_tokens": 4096, "groups": 8, "batch": 64, "page": 16,
-              "suffix_tokens": 64, "seed": 0}
+              "suffix_tokens": 64, "seed": 0, "uncached_groups": 0}
 
 
 def _along(rows: pd.DataFrame, x: str, prefer: dict[str, int] | None = None) -> pd.DataFrame:

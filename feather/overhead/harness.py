@@ -189,6 +189,8 @@ class Harness:
                     "admitted": statistics.median(r["admitted"] for r in runs),
                     "us_per_decision": median / decisions * 1e6 if decisions else None,
                     "arrival_s_per_request": prepared[worker.spec.key]["arrival_s_per_request"],
+                    "arrival_cpu_s_per_request":
+                        prepared[worker.spec.key].get("arrival_cpu_s_per_request"),
                     "agreed": True,
                 })
         return rows

@@ -46,13 +46,14 @@ class FeatherCHT(Implementation):
         prefixes = group_prefixes(case)
         prompts = waiting_requests(case, prefixes)
         tree = ChunkedHashTree(case.page)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         for i, tokens in enumerate(prompts):
             tree.add_waiting(i, tokens)
         arrival = (time.perf_counter() - start) / case.waiting
+        arrival_cpu = (time.thread_time() - start_cpu) / case.waiting
         # One request of every group in the working set: then a waiting request's depth in
         # it is what it shares with the running batch (the CHT's answer to "shared prefix").
-        reps = [("rep", g) for g in range(case.groups)]
+        reps = [("rep", g) for g in range(case.cached_groups)]
         for g, rep in enumerate(reps):
             tree.add_waiting(rep, prefixes[g] + suffix(case, case.waiting + g))
             tree.admit(rep)
@@ -65,7 +66,8 @@ class FeatherCHT(Implementation):
         for i, tokens in enumerate(prompts):
             policy.add_request(Request(req_id=i, prompt_token_ids=tokens))
         self._tree, self._policy, self._batch = tree, policy, case.batch
-        return Prepared(matches=matches, arrival_s_per_request=arrival)
+        return Prepared(matches=matches, arrival_s_per_request=arrival,
+                        arrival_cpu_s_per_request=arrival_cpu)
 
     def measure(self, variant: str) -> Measured:
         if variant == "cht":

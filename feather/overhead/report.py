@@ -30,7 +30,8 @@ from feather.sim.batch import BatchStep, SeqStep
 from feather.sim.cost import step_cost
 from feather.sim.hardware import HardwareProfile
 
-CASE_COLUMNS = ["waiting", "prefix_tokens", "groups", "batch", "page", "suffix_tokens", "seed"]
+CASE_COLUMNS = ["waiting", "prefix_tokens", "groups", "batch", "page", "suffix_tokens", "seed",
+                "uncached_groups"]
 OURS = ("feather", "cht")
 _VARIANT_NAMES = {
     "cht": "CHT best+admit",
@@ -39,7 +40,9 @@ _VARIANT_NAMES = {
     "lpm": "lpm",
     "lpm-nofallback": "lpm, no FCFS fallback",
     "dfs-weight": "dfs-weight",
+    "match": "prefix match per request considered",
 }
+PER_REQUEST_VARIANTS = {"match"}  # SGLang variants paid per request, not once per pass
 
 
 def label(row: pd.Series | dict) -> str:
@@ -55,6 +58,8 @@ def label(row: pd.Series | dict) -> str:
 
 def with_labels(rows: pd.DataFrame) -> pd.DataFrame:
     rows = rows.copy()
+    if "uncached_groups" not in rows:  # a table from before the field existed: all cached
+        rows["uncached_groups"] = 0
     rows["label"] = [label(r) for _, r in rows.iterrows()]
     return rows
 
@@ -103,7 +108,7 @@ def measured_cpu_step_s(traces: Iterable[Path]) -> float | None:
 
 def steady_sched_s(row: pd.Series | dict, output_tokens: int) -> float:
     """Scheduling CPU time per step in steady state (see the module docstring)."""
-    if row["engine"] == "sglang":
+    if row["engine"] == "sglang" and row["variant"] not in PER_REQUEST_VARIANTS:
         return float(row["batch_s"])
     admissions = min(row["batch"], row["waiting"]) / output_tokens
     per_decision = float(row["batch_s"]) / float(row["decisions"])

@@ -4,10 +4,11 @@ Standard library only: this module is imported inside SGLang's environment too.
 
 W waiting requests in G prefix groups, interleaved (request i belongs to group i mod G, the
 order in which a mixed arrival stream reaches a scheduler); each is its group's P-token
-prefix plus S tokens of its own. The *cache* holds every group's prefix (SGLang's radix tree,
-vLLM's prefix cache) or, for the CHT, the working set holds one request of each group; so
-every implementation should find the same shared prefix for every waiting request: P tokens,
-when P is a multiple of the page size. `expected_matches` is that answer.
+prefix plus S tokens of its own. The *cache* holds the prefix of every group but the last
+`uncached_groups` (SGLang's radix tree, vLLM's prefix cache) or, for the CHT, the working set
+holds one request of each such group; so every implementation should find the same shared
+prefix for every waiting request: P tokens (when P is a multiple of the page size) for a
+cached group, none for the others. `expected_matches` is that answer.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Case:
     suffix_tokens: int = 64
     seed: int = 0
     vocab: int = 32000
+    uncached_groups: int = 0  # the last groups, whose prefix nothing holds (a cold cache)
 
     def __post_init__(self) -> None:
         if self.waiting < 1 or self.groups < 1 or self.batch < 1 or self.page < 1:
@@ -40,12 +42,20 @@ class Case:
             )
         if self.groups > self.waiting:
             raise ValueError(f"groups ({self.groups}) > waiting ({self.waiting})")
+        if not 0 <= self.uncached_groups <= self.groups:
+            raise ValueError(f"uncached_groups must be in 0..groups ({self.groups}): {self}")
+
+    @property
+    def cached_groups(self) -> int:
+        """Groups 0 .. cached_groups - 1 have their prefix cached."""
+        return self.groups - self.uncached_groups
 
     @property
     def key(self) -> str:
         return (
             f"W{self.waiting}-P{self.prefix_tokens}-G{self.groups}-B{self.batch}"
             f"-page{self.page}-S{self.suffix_tokens}-seed{self.seed}"
+            + (f"-U{self.uncached_groups}" if self.uncached_groups else "")
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -90,4 +100,13 @@ def waiting_requests(case: Case, prefixes: list[list[int]] | None = None) -> lis
 
 def expected_matches(case: Case) -> list[int]:
     """The shared prefix, in tokens, every implementation must report for each request."""
-    return [case.prefix_tokens] * case.waiting
+    return [
+        case.prefix_tokens if group_of(case, i) < case.cached_groups else 0
+        for i in range(case.waiting)
+    ]
+
+
+def head_hit_tokens(case: Case) -> int:
+    """Cached prefix tokens of the first `batch` requests in arrival order (what a per-request
+    lookup over the queue's head finds)."""
+    return sum(expected_matches(case)[: case.batch])

@@ -1,11 +1,14 @@
 """SGLang's real `SchedulePolicy.calc_priority` (lpm, dfs-weight) over its real radix trees.
 
-The tree holds every group's prefix, as SGLang's cache would after serving one request of
-each group; the waiting queue is one persistent list of real `Req` objects, re-sorted in place
-by every pass, as in SGLang's scheduler. One pass is what SGLang pays per scheduling step
-before its PrefillAdder admits the batch, so a pass is charged as `batch` decisions.
+The tree holds every cached group's prefix, as SGLang's cache would after serving one request
+of each group; the waiting queue is one persistent list of real `Req` objects, re-sorted in
+place by every pass, as in SGLang's scheduler. One pass is what SGLang pays per scheduling
+step before its PrefillAdder admits the batch, so a pass is charged as `batch` decisions.
 Variants: `lpm` (as shipped: FCFS above 128 waiting), `lpm-nofallback` (matching at any queue
-length - the cost the fallback avoids), `dfs-weight`.
+length - the cost the fallback avoids), `dfs-weight`, and `match`: `Req.init_next_round_input`
+(a prefix match against the tree) for each of the first `batch` requests in arrival order -
+what `Scheduler.get_new_batch_prefill` calls for every request it considers, whatever the
+policy, just before `PrefillAdder.add_one_req`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from feather.overhead.base import Implementation, Measured, Prepared, cpu_time
 from feather.overhead.scenario import Case, group_prefixes, waiting_requests
 from feather.overhead.sglang_env import SGLangAPI
 
-VARIANTS = ("lpm", "lpm-nofallback", "dfs-weight")
+VARIANTS = ("lpm", "lpm-nofallback", "dfs-weight", "match")
 
 
 class SGLangPolicies(Implementation):
@@ -30,6 +33,8 @@ class SGLangPolicies(Implementation):
         self.tree_kind = tree
         self.page_size = page_size
         self._queue: list[Any] = []
+        self._arrival_order: list[Any] = []
+        self._tree: Any = None
         self._policies: dict[str, Any] = {}
         self._batch = 0
 
@@ -53,7 +58,7 @@ class SGLangPolicies(Implementation):
         api = self.api
         tree = api.make_tree(self.tree_kind, self.page_size)
         prefixes = group_prefixes(case)
-        for prefix in prefixes:
+        for prefix in prefixes[: case.cached_groups]:
             api.cache_prefix(tree, prefix)
         start = time.perf_counter()
         self._queue = [
@@ -61,6 +66,8 @@ class SGLangPolicies(Implementation):
             for i, tokens in enumerate(waiting_requests(case, prefixes))
         ]
         arrival = (time.perf_counter() - start) / case.waiting
+        self._arrival_order = list(self._queue)
+        self._tree = tree
         self._policies = {
             "lpm": api.make_policy("lpm", tree),
             "lpm-nofallback": api.make_policy("lpm", tree, fcfs_fallback=False),
@@ -74,10 +81,14 @@ class SGLangPolicies(Implementation):
         return Prepared(matches=matches, arrival_s_per_request=arrival)
 
     def measure(self, variant: str) -> Measured:
+        if variant == "match":
+            head, tree = self._arrival_order[: self._batch], self._tree
+            seconds, _ = cpu_time(lambda: [req.init_next_round_input(tree) for req in head])
+            return Measured(seconds=seconds, decisions=len(head), admitted=len(head))
         policy = self._policies[variant]
         seconds, _ = cpu_time(lambda: policy.calc_priority(self._queue))
         batch = min(self._batch, len(self._queue))
         return Measured(seconds=seconds, decisions=batch, admitted=batch)
 
     def release(self) -> None:
-        self._queue, self._policies = [], {}
+        self._queue, self._arrival_order, self._tree, self._policies = [], [], None, {}

@@ -4,7 +4,7 @@ vLLM's scheduler takes the waiting queue's head and asks its `KVCacheManager` fo
 cached blocks of the request (`get_computed_blocks`: a walk over the request's block hashes,
 computed once at arrival). That lookup, per admitted request, is the prefix-detection cost
 vLLM pays; it is timed here on the real vLLM package. The cache holds every group's prefix
-(each group's first request ran and finished; its blocks stay cached).
+(each cached group's first request ran and finished; its blocks stay cached).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class VLLMFCFS(Implementation):
             enable_caching=True,
         )
         prefixes = group_prefixes(case)
-        for g, prefix in enumerate(prefixes):
+        for g, prefix in enumerate(prefixes[: case.cached_groups]):
             first = self._request(f"rep{g}", prefix + suffix(case, case.waiting + g), bs)
             if manager.allocate_slots(first, first.num_tokens) is None:
                 raise RuntimeError(f"vLLM KV cache too small for group {g}'s prefix")

@@ -5,6 +5,8 @@ feeds, its named workloads, and a list of run templates. In a template any list 
 sweep: the runs are the product of all lists (inside `params` too). Special values:
 `scheduler: all` (every scheduler of the config), `hardware: all` (every hardware profile
 of the config, the default), `seed: all` (the config's seeds, the default).
+`sched_cost_model` (a name of feather.sim.sched_cost.COST_MODELS) and `overlap_scheduling`
+(true/false) default to the simulator's own defaults and name the run only when given.
 
 An optional `engine_runs` list runs the same kind of sweep on a real engine (vLLM): each
 entry is one job - one engine start - running every scheduler `repeats` times on one
@@ -31,6 +33,8 @@ from typing import Any
 
 import yaml
 
+from feather.sim.sched_measured import COST_MODELS
+
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
 ENGINE_RUN_FIELDS = {"engine", "device", "workload", "model", "scheduler", "repeats", "options"}
 TEMPLATE_FIELDS = {
@@ -42,6 +46,8 @@ TEMPLATE_FIELDS = {
     "hardware",
     "seed",
     "model",
+    "sched_cost_model",
+    "overlap_scheduling",
     "kv_pool_fraction",
     "sweep",
     *ENGINE_FIELDS,
@@ -88,6 +94,8 @@ class Run:
     seed: int = 0
     engine_options: tuple[tuple[str, Any], ...] = ()
     run_id: str = ""
+    sched_cost_model: str | None = None  # None: the simulator's default
+    overlap_scheduling: bool | None = None  # None: the engine mode's default
 
     @property
     def out_dir(self) -> str:
@@ -115,6 +123,11 @@ class Run:
             args += ["--param", f"{key}={json.dumps(value)}"]
         for key, value in self.engine_options:
             args += [f"--{key.replace('_', '-')}", str(value)]
+        if self.sched_cost_model is not None:
+            args += ["--sched-cost-model", self.sched_cost_model]
+        if self.overlap_scheduling is not None:
+            args += ["--overlap-scheduling" if self.overlap_scheduling
+                     else "--no-overlap-scheduling"]
         return args
 
 
@@ -594,9 +607,22 @@ def expand(
             _as_list(template.get("kernel", "paged")),
             _as_list(template.get("engine_mode", "vllm")),
             _as_list(template.get("kv_pool_fraction")),
+            _as_list(template.get("sched_cost_model")),
+            _as_list(template.get("overlap_scheduling")),
             itertools.product(*param_values),
         )
-        for workload, scheduler, hw, seed, model, kernel, mode, fraction, values in axes:
+        for workload, scheduler, hw, seed, model, kernel, mode, fraction, cost, overlap, values in (
+            axes
+        ):
+            if cost is not None and cost not in COST_MODELS:
+                raise ExperimentError(
+                    f"{experiment.path}: unknown sched_cost_model {cost!r}; "
+                    f"known: {', '.join(COST_MODELS)}"
+                )
+            if overlap is not None and not isinstance(overlap, bool):
+                raise ExperimentError(
+                    f"{experiment.path}: overlap_scheduling must be true or false, got {overlap!r}"
+                )
             entry = schedulers.get(scheduler, {})
             params = {**(entry.get("params") or {}), **dict(zip(param_keys, values, strict=True))}
             key = (entry.get("class", scheduler), json.dumps(params, sort_keys=True, default=str))
@@ -626,6 +652,8 @@ def expand(
                         kernel if kernel != "paged" else "",
                         mode if mode != "vllm" else "",
                         f"pool={_slug(fraction)}" if fraction is not None else "",
+                        f"cost={cost}" if cost is not None else "",
+                        {True: "overlap", False: "serial", None: ""}[overlap],
                         model if model != config["models"][0] else "",
                         f"s{seed}",
                     ],
@@ -646,6 +674,8 @@ def expand(
                 seed=seed,
                 engine_options=options,
                 run_id=run_id,
+                sched_cost_model=cost,
+                overlap_scheduling=overlap,
             )
             if run.out_dir in runs and runs[run.out_dir] != run:
                 raise ExperimentError(f"{experiment.path}: two different runs map to {run.out_dir}")

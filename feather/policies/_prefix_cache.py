@@ -22,6 +22,11 @@ steps. New arrivals and retracted (preempted) requests are appended at its end
 step before admission (`get_new_batch_prefill` -> `calc_priority`), and admitted requests
 are removed without disturbing the rest. So ties, and the FCFS fallback, keep the order
 the list already had - not arrival order.
+
+Each waiting request's last match is kept as a hint for the next (`RadixTree.match_prefix`):
+the walk resumes at the node it ended in while that node is still cached, so a step's pass
+costs a few node visits per waiting request instead of comparing its whole cached prefix
+again - with the same answers, splits and LRU touches.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class CacheAwarePolicy(AdmissionPolicy):
         # SGLang's waiting_queue as an ordered set: insertion order is the list order.
         self._waiting_queue: dict[RequestId, None] = {}
         self._locked_node: dict[RequestId, RadixNode] = {}
+        self._match_hint: dict[RequestId, tuple[int, RadixNode]] = {}
         self._step_order: list[RequestId] = []
         self._cursor = 0
         self._needs_sort = False
@@ -89,6 +95,7 @@ class CacheAwarePolicy(AdmissionPolicy):
 
     def _on_admit(self, req_id: RequestId) -> None:
         del self._waiting_queue[req_id]
+        self._match_hint.pop(req_id, None)
         node = self.tree_cache.insert(self._tokens[req_id])
         self.tree_cache.lock(node)  # before evicting, so its own prompt stays
         self._locked_node[req_id] = node
@@ -105,6 +112,7 @@ class CacheAwarePolicy(AdmissionPolicy):
     def _on_drop_waiting(self, req_id: RequestId) -> None:
         del self._waiting_queue[req_id]
         del self._tokens[req_id]
+        self._match_hint.pop(req_id, None)
 
     def _choose(self) -> RequestId | None:
         if self._needs_sort:
@@ -127,9 +135,21 @@ class CacheAwarePolicy(AdmissionPolicy):
         """The waiting queue (in its current order) re-ordered for this step."""
 
     # ---- helpers -------------------------------------------------------------------------
+    def _match(self, req_id: RequestId) -> tuple[int, RadixNode]:
+        """A waiting request's cache match (matched tokens, last node), as SGLang's
+        `match_prefix`, resumed from its previous match where that is still valid."""
+        result = self.tree_cache.match_prefix(self._tokens[req_id], self._match_hint.get(req_id))
+        self._match_hint[req_id] = result
+        return result
+
     def _enforce_capacity(self) -> None:
         if self.cache_capacity_tokens is not None:
             self.tree_cache.evict_to(self.cache_capacity_tokens)
+
+    @property
+    def tree_nodes(self) -> int:
+        """Nodes of the mirrored cache tree (what pricing SGLang's pass over it reads)."""
+        return self.tree_cache.num_nodes
 
     def waiting_queue(self) -> list[RequestId]:
         """The waiting queue in its current (last sorted, then appended) order."""

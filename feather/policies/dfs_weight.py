@@ -70,5 +70,5 @@ class DFSWeightPolicy(CacheAwarePolicy):
     name = "dfs-weight"
 
     def _sort_waiting_queue(self, queue: list[RequestId]) -> list[RequestId]:
-        last_nodes = [self.tree_cache.match_prefix(self._tokens[r])[1] for r in queue]
+        last_nodes = [self._match(r)[1] for r in queue]
         return [queue[i] for i in dfs_weight_order(self.tree_cache.root, last_nodes)]

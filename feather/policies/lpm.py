@@ -74,7 +74,7 @@ class LPMPolicy(CacheAwarePolicy):
         matched: dict[RequestId, int] = {}
         for req_id in queue:
             tokens = self._tokens[req_id]
-            cache_len, _ = self.tree_cache.match_prefix(tokens)
+            cache_len, _ = self._match(req_id)
             matched[req_id] = min(cache_len, max(len(tokens) - 1, 0))
             if cache_len <= self.in_batch_check_threshold:
                 in_batch_len, _ = in_batch.match_prefix(tokens)

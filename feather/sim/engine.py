@@ -1,7 +1,9 @@
 """A discrete-event continuous-batching engine that runs the real admission policies.
 
-Simulated time advances one engine step at a time by the cost model's step time (plus the
-scheduling time where scheduling is not overlapped). Two modes:
+Simulated time advances one engine step at a time by the cost model's step time plus the
+step's scheduling time (serial), or by the larger of the two where scheduling overlaps the
+GPU (`overlap_scheduling`: SGLang's default `event_loop_overlap` forms the next batch on the
+CPU while the GPU runs the current one). Two modes:
 
 Kernel order: in `vllm` mode sequences are laid out as vLLM's persistent `InputBatch` keeps
 them - a finished or preempted request leaves a hole, new requests fill the lowest holes
@@ -25,7 +27,9 @@ requests wait, new ones are admitted PrefillAdder-style - at most `max_prefill_t
 input tokens, one request chunked at `chunked_prefill_size`, memory reserved for the
 running requests' remaining outputs times `new_token_ratio` - and run as a prefill batch
 (decode pauses); otherwise all running requests decode. A decode that cannot get memory
-retracts the running request with the least progress.
+retracts the running request with the least progress. After a request is refused for
+memory, no prefill is tried (and no policy pass runs) until a running request leaves: SGLang's
+`batch_is_full`.
 
 Both use one `BlockPool` (prefix caching on cumulative block hashes). Generated tokens get
 blocks hashed per request, so they are never shared.
@@ -210,6 +214,10 @@ class Engine:
         self._waiting_tokens = 0
         self._arrivals = 0
         self._arrival_tokens = 0
+        # this step's work, for the scheduling-cost model (StepWork)
+        self._policy_pass = False
+        self._decisions = self._candidate_tokens = self._candidate_hits = 0
+        self._batch_full = False  # SGLang's running_batch.batch_is_full (sglang mode)
         self.slots: list[SimRequest | None] = []  # vLLM's persistent batch layout
         self._slot_of: dict[str, int] = {}
         self._left_batch: list[str] = []  # finished or preempted since the last layout
@@ -295,6 +303,8 @@ class Engine:
         waiting_tokens = self._waiting_prompt_tokens()
         waiting_count = len(self.waiting)
         if not preempted:
+            room = budget > 0 and len(running) < cfg.max_num_seqs
+            self._policy_pass = room and bool(self.waiting)  # the policy is asked for candidates
             timed, policy = self._timed, self.policy
             timed(
                 policy.begin_step,
@@ -312,6 +322,7 @@ class Engine:
                 candidates += 1
                 req = self.by_id[rid]
                 hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
+                self._note_candidate(req, len(hit) * cfg.block_size)
                 n_new = min(req.num_tokens - len(hit) * cfg.block_size, budget)
                 whole_prompt_fits = not cfg.reserve_full_prompt or (
                     pool.blocks_needed(req.id, req.num_tokens, hit) <= pool.num_free
@@ -336,6 +347,7 @@ class Engine:
             )
             adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
             stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
+            self._decisions = len(record.decisions)
         self._execute(
             step,
             scheduled,
@@ -361,11 +373,17 @@ class Engine:
         waiting_count = len(self.waiting)
         chunked = [r for r in self.running if r.num_computed < r.prompt_len]
         if chunked:  # finish the chunked prefill before anything else (SGLang's chunked_req)
+            self._policy_pass = True  # SGLang's calc_priority runs with a chunked request too
             req = chunked[0]
             n_new = min(req.num_tokens - req.num_computed, cfg.chunked_prefill_size)
             if pool.allocate(req.id, req.num_computed + n_new):
                 scheduled[req.id] = n_new
-        elif self.waiting and len(self.running) < cfg.max_num_seqs:
+        elif (
+            self.waiting
+            and len(self.running) < cfg.max_num_seqs
+            and not (self._batch_full and self.running)
+        ):
+            self._policy_pass = True
             rem_input = cfg.max_prefill_tokens
             rem_chunk = cfg.chunked_prefill_size
             reserve = sum(
@@ -389,17 +407,21 @@ class Engine:
                 req = self.by_id[rid]
                 hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
                 cached = len(hit) * cfg.block_size
+                self._note_candidate(req, cached)
                 extend = req.num_tokens - cached
                 n_new = min(extend, rem_chunk)
                 need_tokens = extend + math.ceil(
                     (req.output_len - req.num_output) * cfg.new_token_ratio
                 )
                 free_tokens = (pool.num_free - pool.blocks_needed(req.id, 0, hit)) * cfg.block_size
+                no_token = need_tokens + reserve > free_tokens  # PrefillAdder: NO_TOKEN
                 if (
-                    need_tokens + reserve > free_tokens  # PrefillAdder: NO_TOKEN
+                    no_token
                     or (extend > rem_input and admitted)  # PrefillAdder: OTHER
                     or not pool.allocate(req.id, cached + n_new, hit)
                 ):
+                    # NO_TOKEN with something running: no prefill until a request leaves
+                    self._batch_full = no_token and bool(self.running)
                     timed(policy.refused, rid)
                     break
                 timed(policy.admitted, rid)
@@ -417,6 +439,7 @@ class Engine:
             reason = record.stop_reason.value if record.stop_reason else "prefill_budget"
             adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
             stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
+            self._decisions = len(record.decisions)
         if scheduled:
             self._execute(
                 step,
@@ -441,6 +464,7 @@ class Engine:
             victim = min(running, key=lambda r: (r.num_output, -r.prompt_len))
             running.remove(victim)
             self._preempt(victim, to_front=False)
+            self._batch_full = False  # a retraction frees memory, as SGLang resets the flag
             preempted += 1
         for req in running:
             pool.allocate(req.id, req.num_computed + 1)
@@ -465,6 +489,11 @@ class Engine:
         """A policy call, its CPU time counted as this step's scheduling time."""
         with self.timer.measure():
             return call(*args)
+
+    def _note_candidate(self, req: SimRequest, hit_tokens: int) -> None:
+        """A request the engine looks up in its prefix cache (priced per lookup)."""
+        self._candidate_tokens += req.num_tokens
+        self._candidate_hits += hit_tokens
 
     def _layout(self, scheduled: dict[str, int]) -> list[str]:
         """Kernel order of the scheduled requests (see the module docstring)."""
@@ -562,6 +591,8 @@ class Engine:
         if not scheduled and not self.running:
             if self._next_arrival < len(self.pending):  # idle: wait for the next arrival
                 self.timer.end_step()
+                self._policy_pass = False
+                self._decisions = self._candidate_tokens = self._candidate_hits = 0
                 self.clock = max(self.clock, self.pending[self._next_arrival].arrival_s)
                 return
             raise RuntimeError(
@@ -609,6 +640,7 @@ class Engine:
                     self.policy.finished(rid)
                 finished += 1
                 self._unfinished -= 1
+                self._batch_full = False  # SGLang: the running batch shrank
         self._note_computed(computed)
         timing = self.timer.end_step()
         work = StepWork(
@@ -618,11 +650,20 @@ class Engine:
             finished=finished,
             waiting=waiting_count,
             waiting_tokens=waiting_tokens,
+            policy_pass=self._policy_pass,
+            decisions=self._decisions,
+            candidate_tokens=self._candidate_tokens,
+            candidate_hit_tokens=self._candidate_hits,
+            tree_nodes=getattr(self.policy, "tree_nodes", 0),
         )
         self._arrivals = self._arrival_tokens = 0
+        self._policy_pass = False
+        self._decisions = self._candidate_tokens = self._candidate_hits = 0
         sched_model = self.sched_cost_fn(self.policy.name, work)
-        if not cfg.overlap_scheduling:
-            self.clock += sched_model  # vLLM V1's default path schedules synchronously
+        if cfg.overlap_scheduling:  # the next batch is formed while this one runs
+            self.clock += max(0.0, sched_model - cost.time_s)
+        else:  # vLLM V1's default path, SGLang's event_loop_normal: schedule, then run
+            self.clock += sched_model
         step_time = self.clock - start
         self.policy.report_step(StepOutcome(len(scheduled), sampled, step_time))
         if self.record_steps:

@@ -35,7 +35,8 @@ from feather.sim.cost import step_cost
 from feather.sim.engine import Engine, EngineConfig, EngineResult
 from feather.sim.hardware import get_hardware
 from feather.sim.oracle import roofline
-from feather.sim.sched_cost import SchedulingCostModel
+from feather.sim.sched_cost import SchedulingCostModel, cost_model
+from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL
 from feather.telemetry import not_applicable
 from feather.workloads import Workload, load_workload
 from feather.workloads.regime import regime_fields, shared_prefix_tokens_of
@@ -63,7 +64,8 @@ class SimulationSpec:
     # regime sweeps); exclusive with num_blocks
     kv_pool_fraction: float | None = None
     sched_time: str = "model"  # "model" (deterministic, calibrated) or "zero"
-    overlap_scheduling: bool = False
+    sched_cost_model: str = DEFAULT_COST_MODEL  # which model prices scheduling (COST_MODELS)
+    overlap_scheduling: bool | None = None  # None: on in sglang mode, off in vllm mode
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
@@ -75,6 +77,18 @@ class SimulationSpec:
                 raise ValueError("give num_blocks or kv_pool_fraction, not both")
             if not self.kv_pool_fraction > 0:
                 raise ValueError(f"kv_pool_fraction must be > 0, got {self.kv_pool_fraction}")
+        if self.sched_cost_model not in COST_MODELS:
+            raise ValueError(
+                f"unknown scheduling-cost model {self.sched_cost_model!r}; "
+                f"known: {', '.join(COST_MODELS)}"
+            )
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether scheduling overlaps the GPU step (SGLang's default; vLLM here: serial)."""
+        if self.overlap_scheduling is None:
+            return self.engine_mode == "sglang"
+        return self.overlap_scheduling
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,10 +187,12 @@ def simulate(
         block_size=spec.block_size,
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
-        overlap_scheduling=spec.overlap_scheduling,
+        overlap_scheduling=spec.overlapped,
     )
     sched_model = (
-        SchedulingCostModel.default() if spec.sched_time == "model" else SchedulingCostModel.zero()
+        cost_model(spec.sched_cost_model, spec.engine_mode, spec.block_size)
+        if spec.sched_time == "model"
+        else SchedulingCostModel.zero()
     )
     if policy is None:
         policy = make_policy(spec, workload, num_blocks)
@@ -208,6 +224,7 @@ def simulate(
     summary["oracle"] = oracle.to_json()
     summary["wall_s"] = time.perf_counter() - wall0
     summary["sched_model_fallback_for"] = sorted(sched_model.uncalibrated)
+    summary["sched_cost_model"] = _sched_cost_summary(spec, sched_model.source)
     summary["nvml"] = not_applicable(f"simulated run ({spec.hardware} profile), no device")
     summary["provenance"] = collect_provenance(
         config=spec.to_json(),
@@ -239,6 +256,19 @@ def simulate(
         },
     )
     return SimulationResult(spec, summary, trace, requests, result)
+
+
+def _sched_cost_summary(spec: SimulationSpec, source: dict[str, Any]) -> dict[str, Any]:
+    """Which model priced scheduling, from what data, and whether it overlapped the GPU."""
+    name = spec.sched_cost_model if spec.sched_time == "model" else "zero"
+    return {
+        "name": name,
+        "overlap_scheduling": spec.overlapped,
+        "engine_base": source.get("engine_base"),
+        "data": source.get("data"),
+        "host_note": source.get("host_note")
+        or ("CPU times of our ports measured on a 2-core VM" if name == "port" else None),
+    }
 
 
 def _trace_table(result: EngineResult, splits: list[StepSplit]) -> pa.Table:
@@ -300,6 +330,7 @@ def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict
     sched_model = sum(s.sched_model_s for s in steps)
     sched_cpu = sum(s.sched_cpu_s for s in steps)
     gpu_time = sum(s.cost.time_s for s in steps)
+    busy_total = sum(s.step_time_s for s in steps)
     latency = latency_summary(
         [r.arrival_s for r in rs],
         [r.admitted_s for r in rs],
@@ -331,6 +362,7 @@ def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict
         "preemptions": sum(r.preemptions for r in rs),
         "pool_evictions": result.pool_evictions,
         "sched_model_s": sched_model,
+        "sched_exposed_s": busy_total - gpu_time,  # what scheduling added to the makespan
         "sched_cpu_s_measured": sched_cpu,
         "sched_fraction_of_step_time": sched_model / busy,
         "sched_cpu_fraction_of_gpu_time": sched_cpu / gpu_time if gpu_time else 0.0,

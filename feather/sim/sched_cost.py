@@ -1,7 +1,16 @@
-"""Scheduling time in simulated time: a deterministic model, calibrated on real measurements.
+"""Scheduling time in simulated time: deterministic models, calibrated on real measurements.
 
 Simulated numbers must not depend on how busy the simulating machine is, so a step's
-scheduling time enters simulated time through a linear model of the work a policy does:
+scheduling time enters simulated time through a model of the work done in it (`StepWork`).
+Named models (`cost_model(name, ...)`, `COST_MODELS`):
+
+- `sglang-0.5.23-rust`, `sglang-0.5.23-python`, `sglang-0.5.10`: what the real code costs -
+  the engine's prefix lookups, SGLang's own calc_priority for lpm/dfs-weight (that release
+  and tree), the CHT policy for Feather - fitted to the overhead bench
+  (`feather.sim.sched_measured`, `feather.sim.sched_fit`);
+- `port`: our ports' own CPU time (below).
+
+The `port` model is linear in the work a policy does:
 
     t = per_step_s + per_candidate_s * candidates + per_arrival_s * arrivals
         + per_arrival_token_s * (prompt tokens of arrivals) + per_finish_s * finished
@@ -27,13 +36,30 @@ from typing import Any
 
 import numpy as np
 
+from feather.sim.linear_fit import nnls, r_squared
+from feather.sim.sched_measured import (
+    COST_MODELS,
+    RELEASES,
+    MeasuredCostModel,
+    load_measured,
+)
+
 DATA = Path(__file__).with_name("data") / "sched_costs.json"
 SCANS = {"lpm": "up_to_128", "dfs-weight": "always"}
 
 
 @dataclass(frozen=True)
 class StepWork:
-    """What a policy was asked to do in one engine step."""
+    """What a policy (and the engine's prefix lookups) was asked to do in one engine step.
+
+    policy_pass: the step runs the policy's scheduling pass where the real engine would
+    (SGLang calls calc_priority only if requests wait and the batch is not full, or a
+    chunked prefill continues; our vLLM scheduler asks the policy only if nothing was
+    preempted and the token budget and running limit leave room). waiting, waiting_tokens:
+    the queue that pass sees. candidates: requests the engine looked up in its prefix cache
+    (offered by the policy), with their prompt and cache-hit tokens; decisions: the
+    policy's ADD/STOP answers; tree_nodes: nodes of the policy's prefix tree (0 without).
+    """
 
     candidates: int = 0
     arrivals: int = 0
@@ -41,6 +67,11 @@ class StepWork:
     finished: int = 0
     waiting: int = 0
     waiting_tokens: int = 0
+    policy_pass: bool = False
+    decisions: int = 0
+    candidate_tokens: int = 0
+    candidate_hit_tokens: int = 0
+    tree_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,7 +105,7 @@ def scanned_tokens(policy: str, waiting: int, waiting_tokens: int) -> int:
 
 
 class SchedulingCostModel:
-    """Callable (policy name, StepWork) -> seconds."""
+    """The `port` model: callable (policy name, StepWork) -> seconds."""
 
     def __init__(
         self,
@@ -95,7 +126,8 @@ class SchedulingCostModel:
     def default(cls) -> SchedulingCostModel:
         data = json.loads(DATA.read_text())
         table = {name: Coefficients(**c) for name, c in data["coefficients"].items()}
-        return cls(table, {k: v for k, v in data.items() if k != "coefficients"})
+        source = {k: v for k, v in data.items() if k != "coefficients"}
+        return cls(table, {"name": "port", "data": DATA.name, **source})
 
     def __call__(self, policy: str, work: StepWork) -> float:
         c = self.table.get(policy)
@@ -107,20 +139,28 @@ class SchedulingCostModel:
         return float(np.dot(list(asdict(c).values()), _features(policy, work)))
 
 
+def cost_model(
+    name: str,
+    mode: str = "vllm",
+    block_size: int = 16,
+    measured: Path | None = None,
+) -> SchedulingCostModel | MeasuredCostModel:
+    """The named scheduling-cost model for an engine mode (`COST_MODELS`); `measured`: a
+    refitted data file in place of the committed one."""
+    if name == "port":
+        return SchedulingCostModel.default()
+    if name not in RELEASES:
+        raise ValueError(
+            f"unknown scheduling-cost model {name!r}; known: {', '.join(COST_MODELS)}"
+        )
+    data = load_measured(measured) if measured is not None else load_measured()
+    return MeasuredCostModel(name, data, mode, block_size)
+
+
 def fit(rows: list[tuple[StepWork, float]], policy: str) -> tuple[Coefficients, float]:
-    """Non-negative least squares of measured CPU seconds on the step's work (an active-set
-    loop: drop the most negative coefficient and refit). Returns the fit's R^2 too."""
+    """Non-negative least squares of measured CPU seconds on the step's work; returns the
+    fit's R^2 too."""
     x = np.array([_features(policy, work) for work, _ in rows], dtype=float)
     y = np.array([cpu for _, cpu in rows], dtype=float)
-    active = [i for i in range(x.shape[1]) if x[:, i].any()]
-    while True:
-        beta, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
-        if (beta >= 0).all() or len(active) == 1:
-            break
-        active.pop(int(np.argmin(beta)))
-    coefficients = np.zeros(x.shape[1])
-    coefficients[active] = np.clip(beta, 0, None)
-    residual = y - x @ coefficients
-    total = ((y - y.mean()) ** 2).sum()
-    r2 = 1 - (residual**2).sum() / total if total > 0 else 1.0
-    return Coefficients(*coefficients.tolist()), float(r2)
+    coefficients = nnls(x, y)
+    return Coefficients(*coefficients.tolist()), r_squared(y, x @ coefficients)

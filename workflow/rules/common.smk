@@ -257,7 +257,8 @@ def overhead_baselines():
 def overhead_targets():
     if not OVERHEAD:
         return []
-    return [f"{OVERHEAD_DIR}/overhead.md"] + [f"figures/{n}.png" for n in OVERHEAD_FIGURES]
+    return ([f"{OVERHEAD_DIR}/overhead.md", f"{OVERHEAD_DIR}/sched_cost_drift.md"]
+            + [f"figures/{n}.png" for n in OVERHEAD_FIGURES])
 
 
 def vllm_cpu_traces():

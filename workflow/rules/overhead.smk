@@ -69,3 +69,25 @@ rule overhead_report:
         "{params.feather} overhead report --spec {params.spec:q} --bench {input.table:q} "
         "--model {params.model} {params.hardware} {params.traces} --out-dir {params.out_dir} "
         "--figures-dir figures > {log:q} 2>&1"
+
+
+# The simulator's measured scheduling-cost models, refitted from this run's bench, with how far
+# they drift from the committed default (feather/sim/data/sched_costs_measured.json), which the
+# simulator keeps using: results stay deterministic whatever this machine measured.
+rule sched_cost_refit:
+    input:
+        table=f"{OVERHEAD_DIR}/bench.parquet",
+        record=f"{OVERHEAD_DIR}/bench.json",
+    output:
+        f"{OVERHEAD_DIR}/sched_costs_refit.json",
+        f"{OVERHEAD_DIR}/sched_cost_drift.md",
+    params:
+        feather=FEATHER,
+        out_dir=lambda wc, output: str(Path(output[0]).parent),
+    log:
+        "logs/overhead/sched_cost_refit.log",
+    conda:
+        "../envs/feather.yaml"
+    shell:
+        "{params.feather} sched-cost refit --bench {input.table:q} --out-dir {params.out_dir:q} "
+        "> {log:q} 2>&1"
