@@ -163,6 +163,7 @@ def test_write_fidelity_from_run_summaries(tmp_path) -> None:
     assert lpm.real_ratio_median == pytest.approx(3.0) and lpm.sim_ratio == pytest.approx(2.8)
     assert json.loads((out / "f.json").read_text())["totals"] == doc["totals"]
     assert doc["totals"]["wall"]["within_tolerance"] == 1
+    assert doc["cpu_profile_check"]["checked"] is False  # hand-made runs have no trace
     assert (
         "| w (80 blocks) | wall | lpm | 3.00 +- 0.00 (3) | 2.80 | -7% |"
         in (out / "f.md").read_text()

