@@ -274,7 +274,9 @@ class _FeatherSchedulingMixin:
             done_before = request.num_computed_tokens - scheduled[request.request_id]
             contexts.append(done_before)
             news.append(scheduled[request.request_id])
-            if done_before >= request.num_prompt_tokens:
+            # a decode computes one token past the prompt; anything else is prefill, the
+            # recompute of a resumed request's generated tokens included (as the simulator)
+            if scheduled[request.request_id] == 1 and done_before >= request.num_prompt_tokens:
                 decode += 1
             else:
                 prefill_tokens += scheduled[request.request_id]
