@@ -151,6 +151,9 @@ def test_calibration_recovers_known_coefficients_and_scores_held_out_runs(tmp_pa
     assert abs(doc["fit_quality"]["holdout"]["total_error"]) < 0.02
     assert {r["role"] for r in doc["runs"] if r["repeat"] >= 3} == {"holdout"}
     assert set(doc["fit_quality"]["leave_one_workload_out"]) == {"a", "b"}
+    kinds = doc["fit_quality"]["holdout_by_kind"]
+    assert set(kinds) == {"decode_only", "with_prefill"}
+    assert sum(k["steps"] for k in kinds.values()) == doc["fit_quality"]["holdout"]["steps"]
     assert doc["host"]["cpu_model"] == "test CPU" and doc["host"]["measured_fp32_flops"] > 0
     held = pd.read_parquet(tmp_path / "held.parquet")
     assert set(held.repeat) == {3, 4} and len(held) == 8 * 120

@@ -117,6 +117,20 @@ def check_fit(run_dirs: Sequence[str | Path], coefficients: Sequence[float]) -> 
     }
 
 
+def _by_kind(x: np.ndarray, y: np.ndarray, coef: np.ndarray) -> dict[str, Any]:
+    """Residuals of decode-only steps (one token per sequence) and of steps with prefill."""
+    tokens, seqs = FEATURES.index("tokens"), FEATURES.index("seqs")
+    decode = x[:, tokens] == x[:, seqs]
+    out = {}
+    for kind, mask in (("decode_only", decode), ("with_prefill", ~decode)):
+        if mask.any():
+            out[kind] = {
+                **residual_summary(x[mask] @ coef, y[mask]),
+                "share_of_time": float(y[mask].sum() / y.sum()),
+            }
+    return out
+
+
 def _run_totals(runs: list[dict[str, Any]], coef: np.ndarray) -> list[dict[str, Any]]:
     return [
         {
@@ -195,6 +209,7 @@ def calibrate(
     if held:
         hx, hy = _stack(held)
         quality["holdout"] = residual_summary(hx @ coef, hy)
+        quality["holdout_by_kind"] = _by_kind(hx, hy, coef)
         quality["holdout_runs"] = _run_totals(held, coef)
     workloads = sorted({r["workload"] for r in train})
     if len(workloads) > 1:
