@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from feather.atomic import atomic_target
+from feather.sim.attribution import PARTS as TIME_PARTS  # where a simulated run's time went
 from feather.telemetry.devices import device_name
 
 REQUIRED_METRICS = ("requests", "output_tok_s", "makespan_s", "ttft_s", "tpot_s")
@@ -26,6 +27,20 @@ REQUIRED_PROVENANCE = ("config", "config_hash", "seed", "git", "packages", "host
 class InvalidRunError(ValueError):
     """A run directory whose summary cannot be trusted or used."""
 
+
+# the regime a run ran in (feather/workloads/regime.py): what its numbers can show
+REGIME_COLUMNS = (
+    "arrival_order",
+    "order_seed",
+    "output_regime",
+    "arrival",
+    "load_factor",
+    "kv_pool_tokens",
+    "distinct_shared_prefix_tokens",
+    "pool_to_prefix_ratio",
+    "device_kv_pool_tokens",
+    "pool_hypothetical",
+)
 
 # the NVML means the table carries (per run: the mean over its GPUs of each GPU's mean)
 NVML_COLUMNS = ("sm_util_pct", "mem_util_pct", "gpm_dram_bw_util_pct", "power_w")
@@ -115,6 +130,7 @@ def summary_row(path: Path) -> dict[str, Any]:
         "engine_mode": config.get("engine_mode"),
         "seed": provenance["seed"],
         "repeat": config.get("repeat", 0),
+        **{key: summary.get(key) for key in REGIME_COLUMNS},
         "requests": summary["requests"],
         "output_tok_s": summary["output_tok_s"],
         "total_tok_s": summary.get("total_tok_s"),
@@ -130,6 +146,12 @@ def summary_row(path: Path) -> dict[str, Any]:
         "l2_hit_rate": summary.get("l2_hit_rate"),
         "kv_read_bytes": summary.get("kv_read_bytes"),
         "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
+        "preemptions": summary.get("preemptions"),
+        "pool_evictions": summary.get("pool_evictions"),
+        "prefill_tokens_computed": summary.get("prefill_tokens_computed"),
+        "prefill_tokens_recomputed": summary.get("prefill_tokens_recomputed"),
+        **{f"time_{part}_s": (summary.get("time_split_s") or {}).get(part)
+           for part in TIME_PARTS},
         "cascade_steps": summary.get("cascade_steps"),
         "sched_fraction_of_step_time": summary.get("sched_fraction_of_step_time"),
         "sched_cpu_s_measured": summary.get("sched_cpu_s_measured"),

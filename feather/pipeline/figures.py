@@ -3,6 +3,9 @@
 Every figure names the claim it tests in its title, labels its axes with units, says in a
 caption what produced the numbers (simulated profile, real engine on CPU, real GPU), and
 shows the spread over seeds where there are several (error bars: min-max over seeds).
+Every registered figure must also be readable - no colliding tick labels, no legend on the
+data - which tests/test_figures_readable.py checks on a default-shaped table
+(feather/figure_style.py: legends beside the axes, log axes labelled at the swept values).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import pandas as pd
 import seaborn as sns
 
 from feather.atomic import atomic_target
+from feather.figure_style import label_log_plainly, label_points, legend_beside
+from feather.pipeline import c5_tables as c5t
 
 FIGURES: dict[str, Callable[..., None]] = {}
 
@@ -43,16 +48,23 @@ def _producers(frame: pd.DataFrame) -> str:
 
 
 def _save(fig: plt.Figure, out: Path, caption: str) -> None:
-    fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True)
-    right = 0.86 if fig.legends else 1.0
-    fig.tight_layout(rect=(0, 0.05, right, 1))
+    text = fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True)
+    renderer = fig.canvas.get_renderer()
+    # the axes start above the caption, however many lines it wraps to, and end left of a
+    # figure legend (at the right edge, loc="center right"), however wide it is
+    caption_top = 0.005 + text.get_window_extent(renderer).height / fig.bbox.height
+    right = min(
+        [1.0] + [1 - lg.get_window_extent(renderer).width / fig.bbox.width for lg in fig.legends]
+    )
+    fig.tight_layout(rect=(0, caption_top + 0.01, right - (0.01 if fig.legends else 0), 1))
     with atomic_target(out) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 
-def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
-    fig, axes = plt.subplots(1, max(1, n), figsize=(5.2 * max(1, n), 4.0), squeeze=False)
+def _grid(n: int, width: float = 5.2) -> tuple[plt.Figure, list[plt.Axes]]:
+    """n panels side by side, each `width` inches wide (more where a legend sits beside)."""
+    fig, axes = plt.subplots(1, max(1, n), figsize=(width * max(1, n), 4.0), squeeze=False)
     return fig, list(axes[0])
 
 
@@ -83,8 +95,9 @@ def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             ylabel="output throughput (tokens/s)",
             title=hw,
         )
+        label_points(ax.xaxis, part["size"].unique())
         ax.legend(title="batch composition")
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -109,7 +122,7 @@ def c2(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             title=hw,
         )
         ax.legend(title="attention kernel")
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -142,83 +155,219 @@ def _ratio_to(data: pd.DataFrame, baseline: str, keys: list[str]) -> pd.Series:
     )
 
 
-@figure("c5_schedulers_by_prefix_length")
+@figure("c5_end_to_end")
 def c5(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
-    data = table[table.experiment == "c5"].copy()
-    data["prefix"] = data["workload"].map(_prefix_label)
-    data["family"] = data["workload"].map(
-        lambda w: "L-Eval" if "leval" in w else "LongBench format (synthetic text)"
-    )
-    data["relative"] = _ratio_to(data, "fcfs", ["hardware", "workload"])
-    families, hardware = sorted(data.family.unique()), sorted(data.hardware.unique())
-    fig, axes = plt.subplots(
-        len(families),
-        len(hardware),
-        squeeze=False,
-        figsize=(6.0 * len(hardware), 3.6 * len(families)),
-    )
-    low, high = data.relative.min(), data.relative.max()
-    for row, family in enumerate(families):
-        for col, hw in enumerate(hardware):
-            ax = axes[row][col]
-            part = data[(data.family == family) & (data.hardware == hw)]
-            order = sorted(part.prefix.unique(), key=_prefix_sort)
-            sns.barplot(
-                data=part,
-                x="prefix",
-                y="relative",
-                hue="scheduler",
-                order=order,
-                hue_order=sorted(data.scheduler.unique()),
-                ax=ax,
-                errorbar=("pi", 100),
-            )
-            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-            ax.set(
-                xlabel="shared prefix length (tokens)",
-                ylabel="output throughput / FCFS",
-                title=f"{family} - {hw}",
-                ylim=(min(0.9, low - 0.02), max(1.1, high + 0.02)),
-            )
+    """Feather and the baselines relative to FCFS, one panel per setting (hardware, model,
+    engine mode) and output regime; shuffled bars average the order seeds (whiskers)."""
+    data = c5t.with_ratios(c5t.offline(table, "c5"))
+    data["setting"] = [
+        f"{r.hardware} / {r.model}" + (" / SGLang mode" if r.engine_mode == "sglang" else "")
+        for r in data.itertuples()
+    ]
+    seeds = data[data.arrival_order == "shuffled"].order_seed.nunique()
+    data["order"] = data.arrival_order.map(lambda o: c5t.order_label(o, seeds))
+    settings = sorted(data.setting.unique(), key=lambda s: ("SGLang" in s, s))
+    regimes = sorted(data.output_regime.dropna().unique(), key=lambda r: r != "reference")
+    panels = [(st, rg) for rg in regimes for st in settings
+              if len(data[(data.setting == st) & (data.output_regime == rg)])]
+    cols = min(3, max(1, len(panels)))
+    rows = max(1, -(-len(panels) // cols))
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(4.8 * cols, 4.0 * rows))
+    schedulers = sorted(set(data.scheduler) - {"fcfs"})
+    orders = sorted(data.order.unique(), key=lambda o: not o.startswith("shuffled"))
+    for ax, (setting, regime) in zip(axes.flat, panels, strict=False):
+        part = data[(data.output_regime == regime) & (data.setting == setting)]
+        present = [s for s in schedulers if s in set(part.scheduler)]
+        sns.barplot(data=part[part.scheduler != "fcfs"], x="scheduler", y="vs_fcfs",
+                    hue="order", order=present, hue_order=orders, ax=ax, errorbar=("pi", 100))
+        for container in ax.containers:
+            if hasattr(container, "patches"):
+                ax.bar_label(container, fmt="%.2f", fontsize=6, padding=2)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.margins(y=0.12)
+        pools = "; ".join(sorted({c5t.pool_label(r) for _, r in part.iterrows()}))
+        ax.set(xlabel="scheduler", ylabel="output throughput / FCFS (same setting)",
+               title=f"{setting}\n{c5t.output_label(regime)}, {pools}")
+        ax.title.set_fontsize(8)
+        ax.tick_params(axis="x", rotation=35, labelsize=7)
+        if ax.get_legend():
             ax.get_legend().remove()
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, title="scheduler", loc="center right")
-    fig.subplots_adjust(right=0.85)
-    fig.suptitle(meta["title"])
+    if handles:
+        fig.legend(handles, labels, title="arrival order", loc="center right", fontsize=8)
+    fig.suptitle(meta["title"], wrap=True)
+    cost = _sched_cost_models(data)
+    _save(
+        fig,
+        out,
+        f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: {_producers(data)}. "
+        f"L-Eval ({int(data.requests.max()) if len(data) else 0} requests), offline; bars: "
+        f"mean over {seeds} shuffled order seed(s), whiskers "
+        f"min-max; grouped (each document's questions together) is the control, FCFS's best "
+        f"case. KV pool: what the GPU's memory leaves (pool / distinct shared-prefix tokens "
+        f"in each title). Scheduling cost model: {cost}.",
+    )
+
+
+def _sched_cost_models(data: pd.DataFrame) -> str:
+    if "sched_cost_model" not in data or data.sched_cost_model.dropna().empty:
+        return "the simulator's default"
+    return ", ".join(sorted(data.sched_cost_model.dropna().astype(str).unique()))
+
+
+@figure("c5_time_split")
+def c5_time_split(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    """Where each scheduler's makespan goes, per regime: C5's orders and output regimes (first
+    order seed) and the memory regime's pool fractions, stacked parts summing to the makespan."""
+    c5_runs = c5t.offline(table, "c5")
+    first_seed = c5_runs.order_seed.isna() | (c5_runs.order_seed == c5_runs.order_seed.min())
+    c5_runs = c5_runs[(c5_runs.engine_mode != "sglang") & first_seed]
+    memory = c5t.offline(table, "memory")
+    panels = []
+    for keys, part in c5t.time_split(c5_runs).groupby(
+        ["hardware", "model", "arrival_order", "output_regime"], dropna=False
+    ):
+        hw, model, order, regime = keys
+        pool = c5t.pool_label(part.iloc[0])
+        panels.append((f"{hw} / {model}\n{order}, {c5t.output_label(regime)}, {pool}", part))
+    for keys, part in c5t.time_split(memory).groupby(["hardware", "model", "kv_pool_tokens"]):
+        panels.append((f"memory regime: {keys[0]} / {keys[1]}\n{c5t.pool_label(part.iloc[0])}",
+                       part))
+    cols = min(4, max(1, len(panels)))
+    rows = max(1, -(-len(panels) // cols))
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(4.4 * cols, 3.6 * rows))
+    colors = dict(zip(c5t.TIME_PARTS, sns.color_palette("colorblind", len(c5t.TIME_PARTS)),
+                      strict=True))
+    for ax, (title, part) in zip(axes.flat, panels, strict=False):
+        part = part.sort_values("scheduler")
+        bottom = pd.Series(0.0, index=part.index)
+        for name in c5t.TIME_PARTS:
+            values = part[f"time_{name}_s"].fillna(0.0)
+            ax.bar(part.scheduler, values, bottom=bottom, color=colors[name], label=name)
+            bottom = bottom + values
+        ax.set(xlabel="scheduler", ylabel="makespan (s), by part", title=title)
+        ax.title.set_fontsize(8)
+        ax.tick_params(axis="x", rotation=35, labelsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[p]) for p in c5t.TIME_PARTS]
+    fig.legend(handles, c5t.TIME_PARTS, title="part of the makespan", loc="center right",
+               fontsize=8)
+    fig.suptitle("Where each scheduler's time goes (C5): prefill, recomputation after eviction "
+                 "or preemption, decode, exposed scheduling, idle", wrap=True)
     _save(
         fig,
         out,
         f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
-        f"{_producers(data)}. Bars: mean over seeds, whiskers: min-max.",
+        f"{_producers(pd.concat([c5_runs, memory]))}. Mixed prefill/decode steps split by the "
+        "rule in feather/sim/attribution.py; the parts of each bar sum to its makespan.",
     )
 
 
-def _prefix_label(workload: str) -> str:
-    match = re.search(r"min=(\d+)[-,]max=(\d+)", workload) or re.search(
-        r"min-(\d+)-max-(\d+)", workload
+@figure("memory_regime")
+def memory_regime(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    """Feather / each baseline against the KV pool as a fraction of the distinct shared-prefix
+    tokens, and each scheduler's share of time spent recomputing evicted KV."""
+    data = c5t.with_ratios(c5t.offline(table, "memory"))
+    hardware = sorted(data.hardware.unique())
+    fig, axes = plt.subplots(2, max(1, len(hardware)), squeeze=False,
+                             figsize=(5.6 * max(1, len(hardware)), 7.6))
+    for col, hw in enumerate(hardware):
+        part = data[data.hardware == hw]
+        ax = axes[0][col]
+        for feather_policy, fp in c5t.feather_rows(part).groupby("scheduler"):
+            for baseline in c5t.BASELINES:
+                stats = fp.groupby("pool_to_prefix_ratio")[f"vs_{baseline}"].mean().dropna()
+                if stats.empty:
+                    continue
+                hypothetical = fp.groupby("pool_to_prefix_ratio")["pool_hypothetical"].first()
+                line = ax.plot(stats.index, stats.values, marker="o",
+                               label=f"{feather_policy} / {baseline}")[0]
+                hyp = hypothetical.reindex(stats.index).fillna(False).astype(bool)
+                ax.scatter(stats.index[hyp], stats.values[hyp], s=90, facecolors="white",
+                           edgecolors=line.get_color(), zorder=3)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set(xscale="log", xlabel="KV pool / distinct shared-prefix tokens",
+               ylabel="output throughput ratio", title=f"{hw}: Feather / baseline")
+        label_points(ax.xaxis, part.pool_to_prefix_ratio.dropna().unique())
+        legend_beside(ax, fontsize=7)
+        ax = axes[1][col]
+        share = part.assign(recompute_share=part.time_recompute_s / part.makespan_s)
+        for scheduler, sp in share.groupby("scheduler"):
+            stats = sp.groupby("pool_to_prefix_ratio")["recompute_share"].mean()
+            ax.plot(stats.index, stats.values, marker="o", label=scheduler)
+        ax.set(xscale="log", xlabel="KV pool / distinct shared-prefix tokens",
+               ylabel="share of makespan recomputing lost KV", title=f"{hw}: the mechanism",
+               ylim=(0, 1))
+        label_points(ax.xaxis, part.pool_to_prefix_ratio.dropna().unique())
+        legend_beside(ax, fontsize=7)
+    fig.suptitle(meta["title"], wrap=True)
+    _save(
+        fig,
+        out,
+        f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: {_producers(data)}. "
+        "L-Eval, shuffled (seed 0), offline. Hollow markers: a pool larger than the "
+        "GPU's memory leaves (hypothetical).",
     )
-    if match:
-        return f"{int(match.group(1)) // 1000}K-{int(match.group(2)) // 1000}K"
-    match = re.search(r"prefix[=-](\d+)", workload)
-    return f"{int(match.group(1)) // 1000}K" if match else workload
 
 
-def _prefix_sort(label: str) -> float:
-    match = re.match(r"(\d+)K", label)
-    return float(match.group(1)) if match else 1e9
+@figure("load_latency")
+def load(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    """TTFT and TPOT (p50, p99) and the longest wait against the load factor (arrival rate /
+    FCFS's offline capacity on the same hardware, model and requests)."""
+    data = c5t.load_rows(table)
+    hardware = sorted(data.hardware.unique())
+    metrics = (
+        ("ttft", "time to first token (s)"),
+        ("tpot", "time per output token (s)"),
+    )
+    fig, axes = plt.subplots(max(1, len(hardware)), 3, squeeze=False,
+                             figsize=(15, 4.3 * max(1, len(hardware))))
+    for row, hw in enumerate(hardware):
+        part = data[data.hardware == hw]
+        for ax, (metric, label) in zip(axes[row][:2], metrics, strict=True):
+            for scheduler, sp in part.groupby("scheduler"):
+                stats = sp.groupby("load_factor")[[f"{metric}_p50_s", f"{metric}_p99_s"]].mean()
+                line = ax.plot(stats.index, stats[f"{metric}_p50_s"], marker="o",
+                               label=f"{scheduler} p50")[0]
+                ax.plot(stats.index, stats[f"{metric}_p99_s"], marker="x", ls="--",
+                        color=line.get_color(), label=f"{scheduler} p99")
+            ax.set(xlabel="load (arrival rate / FCFS's offline capacity)", ylabel=label,
+                   yscale="log", title=f"{hw} / {', '.join(sorted(part.model.unique()))}")
+            label_log_plainly(ax.yaxis)
+            ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+            legend_beside(ax, fontsize=7)
+        ax = axes[row][2]
+        for scheduler, sp in part.groupby("scheduler"):
+            stats = sp.groupby("load_factor")["longest_wait_s"].mean()
+            ax.plot(stats.index, stats.values, marker="o", label=scheduler)
+        ax.set(xlabel="load (arrival rate / FCFS's offline capacity)",
+               ylabel="longest wait before admission (s)", yscale="log")
+        label_log_plainly(ax.yaxis)
+        ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+        legend_beside(ax, fontsize=7)
+    fig.suptitle(meta["title"], wrap=True)
+    rates = sorted({float(str(a).split(":")[1]) for a in data.get("arrival", pd.Series()).dropna()
+                    if str(a).startswith("poisson:")})
+    _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}. L-Eval, shuffled, "
+          f"Poisson arrivals at {', '.join(f'{r:.3g}' for r in rates) or 'no'} requests/s; "
+          "dotted line: FCFS's capacity.")
 
 
 @figure("c6_no_sharing")
 def c6(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = table[table.experiment == "c6"].copy()
     data["relative"] = _ratio_to(data, "fcfs", ["hardware"])
-    fig, axes = _grid(1)
+    fig, axes = _grid(1, width=7.5)
     sns.barplot(
         data=data, x="hardware", y="relative", hue="scheduler", ax=axes[0], errorbar=("pi", 100)
     )
     axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
     axes[0].set(ylim=(0.9, 1.05), xlabel="hardware", ylabel="output throughput / FCFS")
-    fig.suptitle(meta["title"])
+    legend_beside(axes[0], title="scheduler")
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -240,7 +389,7 @@ def c7(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             xlabel="scheduler + attention kernel", ylabel="output throughput (tokens/s)", title=hw
         )
         ax.tick_params(axis="x", rotation=30)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -249,51 +398,19 @@ def c7(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     )
 
 
-@figure("load_latency")
-def load(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
-    data = table[table.experiment == "load"].copy()
-    data["rate"] = data["workload"].map(
-        lambda w: float(re.search(r"poisson:([0-9.]+)", w).group(1))
-    )
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for metric, ax, label in (
-        ("ttft", axes[0], "time to first token (s)"),
-        ("tpot", axes[1], "time per output token (s)"),
-    ):
-        for scheduler, part in data.groupby("scheduler"):
-            stats = part.groupby("rate")[[f"{metric}_p50_s", f"{metric}_p99_s"]].mean()
-            line = ax.plot(
-                stats.index, stats[f"{metric}_p50_s"], marker="o", label=f"{scheduler} p50"
-            )[0]
-            ax.plot(
-                stats.index,
-                stats[f"{metric}_p99_s"],
-                marker="x",
-                ls="--",
-                color=line.get_color(),
-                label=f"{scheduler} p99",
-            )
-        ax.set(xlabel="arrival rate (requests/s)", ylabel=label, yscale="log")
-        ax.legend(fontsize=7)
-    sns.barplot(
-        data=data, x="rate", y="longest_wait_s", hue="scheduler", ax=axes[2], errorbar=("pi", 100)
-    )
-    axes[2].set(xlabel="arrival rate (requests/s)", ylabel="longest wait before admission (s)")
-    fig.suptitle(meta["title"])
-    _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}. Poisson arrivals.")
-
-
 @figure("hardware_comparison")
 def hardware(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = table[table.experiment == "hardware"].copy()
-    fig, axes = _grid(1)
+    fig, axes = _grid(1, width=8.0)
     sns.barplot(
         data=data, x="hardware", y="output_tok_s", hue="scheduler", ax=axes[0], errorbar=("pi", 100)
     )
     axes[0].set(
         xlabel="hardware (from each run's provenance)", ylabel="output throughput (tokens/s)"
     )
-    fig.suptitle(meta["title"])
+    axes[0].tick_params(axis="x", rotation=30)
+    legend_beside(axes[0], title="scheduler")
+    fig.suptitle(meta["title"], wrap=True)
     _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}.")
 
 
@@ -333,7 +450,7 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     handles, labels = axes[0].get_legend_handles_labels()
     axes[1].set_ylim(0, 1.4)  # a fraction, with room above the bars for the legend
     axes[1].legend(handles, labels, title="produced by", loc="upper right", fontsize=8)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     real = data[data.source.str.startswith("real")]
     workloads = ", ".join(sorted(real.workload.dropna().map(lambda w: Path(str(w)).stem).unique()))
     _save(
@@ -344,9 +461,19 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     )
 
 
+def _wrap_spec(spec: str, width: int = 36) -> str:
+    """A workload spec on lines of at most about `width` characters, broken after commas."""
+    lines = [""]
+    for part in spec.split(","):
+        if lines[-1] and len(lines[-1]) + len(part) + 1 > width:
+            lines.append("")
+        lines[-1] += ("," if lines[-1] else "") + part
+    return ",\n".join(lines)
+
+
 @figure("rl_policies")
 def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     for report in reports:
         history = report["training"]["history"]
         axes[0].plot(
@@ -363,8 +490,8 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     axes[0].legend(fontsize=7)
     rows = [
         {
-            "learner": f"{r['training']['learner']} ({r['hardware']})",
-            "workload": run["workload"].split(",seed")[0].replace("synthetic:", ""),
+            "learner": f"{r['training']['learner']}\n({r['hardware']})",
+            "workload": _wrap_spec(run["workload"].split(",seed")[0].replace("synthetic:", "")),
             "ratio": run["ratio"],
         }
         for r in reports
@@ -380,8 +507,8 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         ylabel="throughput / feather-static",
         title="held-out workloads and seeds",
     )
-    axes[1].legend(fontsize=6)
-    fig.suptitle(meta["title"])
+    legend_beside(axes[1], title="held-out workload", fontsize=6, title_fontsize=7)
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,

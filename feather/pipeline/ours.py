@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from feather.atomic import write_text_atomic
+from feather.pipeline import c5_tables as c5t
 from feather.pipeline.figures import _params, divergent_requests
 
 
@@ -31,10 +32,45 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+def c5_lines(table: pd.DataFrame, experiment: str) -> list[str]:
+    """Best Feather policy / each baseline per setting and order (mean over order seeds)."""
+    data = c5t.with_ratios(c5t.offline(table, experiment))
+    by = ["hardware", "model", "engine_mode", "arrival_order", "output_regime",
+          "pool_to_prefix_ratio"]
+    lines = []
+    for baseline in c5t.BASELINES:
+        best = c5t.best_feather(data, baseline, by)
+        for _, r in best.iterrows():
+            lines.append(
+                f"{r.hardware} {r.model} {r.engine_mode}, {r.arrival_order}, "
+                f"{c5t.output_label(r.output_regime)}, pool {r.pool_to_prefix_ratio:.2f}x: "
+                f"{r.scheduler} / {baseline} = {_fmt(r['mean'])}x "
+                f"({_fmt(r['min'])}-{_fmt(r['max'])}, {int(r['count'])} seed(s))"
+            )
+    return lines or ["no runs"]
+
+
+def load_lines(table: pd.DataFrame) -> list[str]:
+    data = c5t.load_rows(table)
+    lines = []
+    for (hw, factor), part in data.groupby(["hardware", "load_factor"]):
+        cells = ", ".join(
+            f"{r.scheduler} TTFT p99 {_fmt(r.ttft_p99_s)} s / longest wait "
+            f"{_fmt(r.longest_wait_s)} s"
+            for r in part.sort_values("scheduler").itertuples()
+        )
+        lines.append(f"{hw} at {factor:g}x capacity: {cells}")
+    return lines or ["no runs"]
+
+
 def headline(table: pd.DataFrame, experiment: str) -> list[str]:
     data = table[table.experiment == experiment]
     if data.empty:
         return ["no runs"]
+    if experiment in ("c5", "memory"):
+        return c5_lines(table, experiment)
+    if experiment == "load":
+        return load_lines(table)
     lines = []
     for hw, part in data.groupby("hardware"):
         if experiment == "c1":
@@ -47,7 +83,7 @@ def headline(table: pd.DataFrame, experiment: str) -> list[str]:
                 base, one = k[divergent == 0], k[divergent == 1]
                 r = _ratio(one.output_tok_s.mean(), base.output_tok_s.mean())
                 lines.append(f"{hw} {kernel}: 1 divergent / 0 = {_fmt(r)}x")
-        elif experiment in ("c5", "hardware"):
+        elif experiment == "hardware":
             fcfs = _mean(part, scheduler="fcfs")
             best = (
                 part[part.scheduler.str.startswith("feather")]
@@ -79,12 +115,6 @@ def headline(table: pd.DataFrame, experiment: str) -> list[str]:
                     for name, value in medians.items()
                     if name != "fcfs"
                 ]
-        elif experiment == "load":
-            for scheduler, s in part.groupby("scheduler"):
-                lines.append(
-                    f"{hw} {scheduler}: TTFT p99 {_fmt(s.ttft_p99_s.max())} s, longest "
-                    f"wait {_fmt(s.longest_wait_s.max())} s (highest rate)"
-                )
     return lines
 
 
@@ -109,10 +139,13 @@ def write_ours(
             ]
         else:
             ours = headline(table, exp.name)
-        rows.append(f"| {exp.figure} | {exp.claim} | {exp.paper} | {'<br>'.join(ours)} |")
+        rows.append(
+            f"| {', '.join(exp.figures)} | {exp.claim} | {exp.paper} | {'<br>'.join(ours)} |"
+        )
     revision = table["git_revision"].dropna().unique()
     text = (
         "# Our numbers, from the last pipeline run\n\n"
+        "Claim by claim, with a verdict and the rules that give it: `figures/verdicts.md`.\n\n"
         f"Git revision(s): {', '.join(map(str, revision)) or 'unknown'}. Produced by: "
         f"{'; '.join(sorted(table['produced_by'].dropna().unique()))}.\n\n" + "\n".join(rows) + "\n"
     )

@@ -94,6 +94,7 @@ class StepCost:
     compute_time_s: float  # GEMM kernels + attention FLOPs
     overhead_s: float
     time_s: float
+    attention_time_s: float  # the attention kernels' part of time_s (the rest: dense + launch)
     bound: str  # the longest part: gemm, activations, kv_dram, kv_l2, attention_flops; or
     # "fitted" where the hardware's step time is a fit to a real engine (the CPU profile)
 
@@ -516,6 +517,9 @@ def step_cost(
         "kv_l2": attention_l2,
         "attention_flops": attention_compute,
     }
+    roofline_time = dense_time + attention_time + hw.launch_overhead_s
+    # a fitted step time (the CPU profile) keeps the roofline's attention share
+    time_s = fitted.time_s(batch) if fitted is not None else roofline_time
     return StepCost(
         kernel=kernel,
         weight_bytes=weights,
@@ -534,8 +538,7 @@ def step_cost(
         memory_time_s=memory_time,
         compute_time_s=compute_time,
         overhead_s=hw.launch_overhead_s,
-        time_s=fitted.time_s(batch)
-        if fitted is not None
-        else dense_time + attention_time + hw.launch_overhead_s,
+        time_s=time_s,
+        attention_time_s=attention_time * time_s / roofline_time if roofline_time else 0.0,
         bound="fitted" if fitted is not None else max(limits, key=limits.get),
     )

@@ -89,6 +89,7 @@ class SimRequest:
         "first_token_s",
         "group",
         "hashes",
+        "high_water",
         "id",
         "num_computed",
         "num_output",
@@ -114,6 +115,7 @@ class SimRequest:
         self.finish_s: float | None = None
         self.preemptions = 0
         self.block_ids: tuple = ()  # the blocks it attends over, rebuilt only when they grow
+        self.high_water = 0  # most tokens it ever had KV for (recomputation is below it)
 
     @property
     def num_tokens(self) -> int:
@@ -151,6 +153,7 @@ class StepRecord:
     sched_cpu_s: float
     sched_model_s: float
     cost: Any = None
+    recompute_tokens: int = 0  # prefill tokens whose KV had existed before (see _recomputed)
 
 
 @dataclass
@@ -214,6 +217,7 @@ class Engine:
         self._left_batch: list[str] = []  # finished or preempted since the last layout
         self.clock = 0.0
         self.timer = SchedulingTimer()
+        self._ever_computed: set = set()  # hashes of every full block computed so far
         self.result = EngineResult(self.requests)
         self._unfinished = len(self.requests)
 
@@ -517,6 +521,28 @@ class Engine:
         with self.timer.measure():
             self.policy.preempted(req.id)
 
+    def _recomputed(self, req: SimRequest, n_new: int) -> int:
+        """Tokens of this chunk whose KV existed before: below the request's own high-water
+        mark (it was preempted), or in full blocks someone computed and the pool evicted."""
+        start, stop = req.num_computed, req.num_computed + n_new
+        own = max(0, min(stop, req.high_water) - start)
+        bs = self.config.block_size
+        hashes = req.block_hashes(bs)
+        first = -(-max(start, req.high_water) // bs)
+        ever = self._ever_computed
+        evicted = sum(1 for b in range(first, min(stop // bs, len(hashes))) if hashes[b] in ever)
+        return own + evicted * bs
+
+    def _note_computed(self, computed: list[tuple[SimRequest, int, int]]) -> None:
+        """After a step: its full blocks exist now (a later computation is a recompute)."""
+        bs = self.config.block_size
+        for req, start, n_new in computed:
+            stop = start + n_new
+            req.high_water = max(req.high_water, stop)
+            if stop // bs == start // bs:
+                continue  # no block completed (most decode steps)
+            self._ever_computed.update(req.block_hashes(bs)[start // bs : stop // bs])
+
     def _waiting_prompt_tokens(self) -> int:
         return self._waiting_tokens
 
@@ -560,13 +586,16 @@ class Engine:
         cost = self.cost_fn(batch)
         start = self.clock
         self.clock += cost.time_s
-        sampled = finished = prefill_tokens = decode_seqs = 0
+        sampled = finished = prefill_tokens = decode_seqs = recompute = 0
+        computed: list[tuple[SimRequest, int, int]] = []
         for rid, n_new in scheduled.items():
             req = self.by_id[rid]
             if n_new == 1 and req.num_computed >= req.prompt_len:
                 decode_seqs += 1
             else:
                 prefill_tokens += n_new
+                recompute += self._recomputed(req, n_new)
+            computed.append((req, req.num_computed, n_new))
             req.num_computed += n_new
             if req.num_computed < req.num_tokens:
                 continue  # a prefill chunk that did not reach the end of the prompt
@@ -583,6 +612,7 @@ class Engine:
                     self.policy.finished(rid)
                 finished += 1
                 self._unfinished -= 1
+        self._note_computed(computed)
         timing = self.timer.end_step()
         work = StepWork(
             candidates=candidates,
@@ -622,5 +652,6 @@ class Engine:
                     sched_cpu_s=timing.cpu_s,
                     sched_model_s=sched_model,
                     cost=cost,
+                    recompute_tokens=recompute,
                 )
             )

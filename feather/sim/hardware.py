@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from feather.models import ModelProfile
+from feather.models import ModelProfile, field_differences
 from feather.sim.step_fit import StepTimeFit, load_fit
 
 _GIB_BYTES = 1 << 30
@@ -178,8 +178,14 @@ _HARDWARE: dict[str, HardwareProfile] = {}
 
 
 def register_hardware(profile: HardwareProfile) -> None:
-    if profile.name in _HARDWARE:
-        raise ValueError(f"hardware {profile.name!r} is already registered")
+    """Add a profile; an existing name may be given again only with the same values (a
+    different profile under a known name would silently change what that name means)."""
+    existing = _HARDWARE.get(profile.name)
+    if existing is not None and existing != profile:
+        raise ValueError(
+            f"hardware {profile.name!r} is already defined with other values "
+            f"({field_differences(existing, profile)}); give your profile a new name"
+        )
     _HARDWARE[profile.name] = profile
 
 

@@ -16,6 +16,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+from feather.memory import check_fits
+
+# The pool's bookkeeping per block: ~140 bytes measured at creation (free-queue entry,
+# reference count, hash slot), twice that once blocks hold cached hashes.
+BYTES_PER_BLOCK = 300
+
 
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -23,6 +29,7 @@ class BlockPool:
             raise ValueError(
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
+        check_fits(f"a KV pool of {num_blocks} blocks", num_blocks * BYTES_PER_BLOCK)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -31,6 +38,9 @@ class BlockPool:
         self._hash: list[Hashable | None] = [None] * num_blocks
         self._cached: dict[Hashable, int] = {}
         self._held: dict[Hashable, list[int]] = {}
+        # Per sequence, how many of its leading blocks are registered: a held block is never
+        # evicted, so they stay registered until the sequence frees them.
+        self._registered: dict[Hashable, int] = {}
         self.evictions = 0
 
     # ---- queries ---------------------------------------------------------------------------
@@ -97,15 +107,20 @@ class BlockPool:
         if not self.enable_caching:
             return
         held = self._held.get(seq_id, ())
-        for i in range(min(num_tokens // self.block_size, len(held), len(hashes))):
+        start = self._registered.get(seq_id, 0)
+        stop = min(num_tokens // self.block_size, len(held), len(hashes))
+        for i in range(start, stop):
             block = held[i]
             if self._hash[block] is None:
                 h = hashes[i]
                 self._hash[block] = h
                 self._cached.setdefault(h, block)
+        if stop > start:
+            self._registered[seq_id] = stop
 
     def free(self, seq_id: Hashable) -> None:
         """Drop the sequence's references; see the module docstring for the queue order."""
+        self._registered.pop(seq_id, None)
         for block in reversed(self._held.pop(seq_id, [])):
             self._ref[block] -= 1
             if self._ref[block] == 0:

@@ -315,11 +315,13 @@ def _evaluate_runs(a: np.ndarray, n: np.ndarray, gap: np.ndarray, ask: np.ndarra
 class _ReadsBefore:
     """Reads by runs at steps < t: each run (start a, end b) adds one read per step in
     [a, b), so reads(t) = sum_{a < t} (t - a) - sum_{b < t} (t - b), from sorted starts and
-    ends with prefix sums (exact at integer t)."""
+    ends with prefix sums (exact at integer t). Counts of starts/ends below t come from a
+    table over the (small) range of steps, so a lookup is an index, not a binary search."""
 
     def __init__(self, cls: np.ndarray, a: np.ndarray, b: np.ndarray, k: int) -> None:
+        self._span = int(b.max()) + 2 if b.size else 2  # steps 0 .. max end, + "beyond"
         self._all = (self._events(a), self._events(b))
-        order = np.argsort(cls)
+        order = np.argsort(cls, kind="stable")
         bounds = np.concatenate(([0], np.cumsum(np.bincount(cls, minlength=k))))
         a, b = a[order], b[order]
         self._classes = [
@@ -327,18 +329,23 @@ class _ReadsBefore:
             for lo, hi in itertools.pairwise(bounds)
         ]
 
-    @staticmethod
-    def _events(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _events(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(below, sums): below[i] = how many x < i (i clipped to the table), sums[j] = sum
+        of the j smallest x."""
         xs = np.sort(x)
         sums = np.zeros(xs.size + 1, dtype=np.int64)
         np.cumsum(xs, out=sums[1:])
-        return xs, sums
+        below = np.zeros(self._span + 1, dtype=np.int64)
+        np.cumsum(np.bincount(xs, minlength=self._span)[: self._span], out=below[1:])
+        return below, sums
 
-    @staticmethod
-    def _at(curve: tuple[tuple[np.ndarray, np.ndarray], ...], t: np.ndarray) -> np.ndarray:
+    def _count_below(self, below: np.ndarray, t: np.ndarray) -> np.ndarray:
+        return below[np.minimum(np.maximum(t, 0), self._span)]  # np.clip is slower here
+
+    def _at(self, curve: tuple[tuple[np.ndarray, np.ndarray], ...], t: np.ndarray) -> np.ndarray:
         (a, sa), (b, sb) = curve
-        na = np.searchsorted(a, t, side="left")
-        nb = np.searchsorted(b, t, side="left")
+        na = self._count_below(a, t)
+        nb = self._count_below(b, t)
         return t * (na - nb) - (sa[na] - sb[nb])
 
     def total(self, t: np.ndarray) -> np.ndarray:
@@ -355,9 +362,9 @@ class _ReadsBefore:
         return out
 
     def active(self, t: np.ndarray) -> np.ndarray:
-        """Runs reading at step t (all classes)."""
+        """Runs reading at step t (all classes): starts <= t less ends <= t."""
         (a, _), (b, _) = self._all
-        return np.searchsorted(a, t, side="right") - np.searchsorted(b, t, side="right")
+        return self._count_below(a, t + 1) - self._count_below(b, t + 1)
 
 
 def clear_fast_cache() -> None:

