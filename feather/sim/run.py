@@ -316,7 +316,7 @@ def _requests_table(result: EngineResult) -> pa.Table:
         "prompt_len": [r.prompt_len for r in rs], "output_len": [r.output_len for r in rs],
         "arrival_s": [r.arrival_s for r in rs], "admitted_s": [r.admitted_s for r in rs],
         "first_token_s": [r.first_token_s for r in rs], "finish_s": [r.finish_s for r in rs],
-        "preemptions": [r.preemptions for r in rs],
+        "cached_tokens": [r.cached_tokens for r in rs], "preemptions": [r.preemptions for r in rs],
     })  # fmt: skip
 
 
@@ -326,7 +326,10 @@ def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict
     decode_steps = [s for s in steps if s.decode_seqs]
     kv_dram = sum(s.cost.kv_read_bytes for s in steps)
     kv_logical = sum(s.cost.kv_read_bytes_logical for s in steps)
-    hits = sum(s.cache_hit_tokens for s in steps)
+    # as the real runners count it: what each request found cached when first admitted
+    # (hits of re-admissions after preemption are in ..._with_readmissions)
+    hits = sum(r.cached_tokens for r in rs)
+    readmission_hits = sum(s.cache_hit_tokens for s in steps)
     sched_model = sum(s.sched_model_s for s in steps)
     sched_cpu = sum(s.sched_cpu_s for s in steps)
     gpu_time = sum(s.cost.time_s for s in steps)
@@ -359,6 +362,7 @@ def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict
         "prefill_tokens_recomputed": sum(s.recompute_tokens for s in steps),
         "prefill_tokens_computed": sum(s.prefill_tokens - s.recompute_tokens for s in steps),
         "prefix_cache_hit_rate": hits / prompt_tokens if prompt_tokens else 0.0,
+        "prefix_cache_hit_tokens_with_readmissions": readmission_hits,
         "preemptions": sum(r.preemptions for r in rs),
         "pool_evictions": result.pool_evictions,
         "sched_model_s": sched_model,

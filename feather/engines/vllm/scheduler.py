@@ -16,7 +16,9 @@ Per step the scheduler records (`step_rows`, `trace_table()`): batch size, the s
 depth of the scheduled requests, distinct prefix groups (when the runner gives the request ->
 group map), admissions, STOP decisions, scheduler CPU time (`time.thread_time` around
 `schedule()`, and the policy's share of it), step wall time, prefix-cache hit tokens of the
-admissions, preemptions. Learning policies get their reward from the measured step times.
+admissions, preemptions, and each scheduled request's context and new tokens (the step's
+shape, which the simulator's `cpu` step-time fit regresses on). Learning policies get their
+reward from the measured step times.
 """
 
 from __future__ import annotations
@@ -80,8 +82,15 @@ class StepRow:
     decisions_stop: int
     stop_reason: str | None
     step_time_s: float | None = None
+    # the engine process's CPU time over the same span (all its threads): what the step costs
+    # the engine, apart from waiting for cores other processes hold (shared machines)
+    step_cpu_s: float | None = None
     sampled_tokens: int = 0
     finished: int = 0
+    # per scheduled request, in the order of num_scheduled_tokens: tokens with KV before the
+    # step (cached or computed) and tokens computed in it (the step's shape, for step-time fits)
+    seq_context_tokens: list[int] = field(default_factory=list)
+    seq_new_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -155,6 +164,8 @@ class _FeatherSchedulingMixin:
         self._rows_in_flight: dict[int, StepRow] = {}
         self._clock0 = time.perf_counter()
         self._last_update: float | None = None
+        self._last_update_cpu: float | None = None
+        self._first_schedule_cpu: float | None = None
         if scheduler == NATIVE_FCFS and not params:
             self.policy, self._policy_queue = None, None
             self.waiting = self._native_waiting
@@ -193,6 +204,8 @@ class _FeatherSchedulingMixin:
         if queue is not None:
             queue.open_step()
         wall0, cpu0 = time.perf_counter(), time.thread_time()
+        if self._first_schedule_cpu is None:
+            self._first_schedule_cpu = time.process_time()
         output = super().schedule(*args, **kwargs)
         cpu, wall = time.thread_time() - cpu0, time.perf_counter() - wall0
         took_part = queue.close_step() if queue is not None else False
@@ -202,11 +215,17 @@ class _FeatherSchedulingMixin:
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any):
         self._finished_in_update = 0
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        now = time.perf_counter()
+        now, now_cpu = time.perf_counter(), time.process_time()
         row = self._row_for(scheduler_output)
         if row is not None:
             started = self._last_update or self._clock0 + row.start_s  # first: its schedule()
             row.step_time_s = now - started
+            cpu_started = (
+                self._last_update_cpu
+                if self._last_update_cpu is not None
+                else self._first_schedule_cpu
+            )
+            row.step_cpu_s = now_cpu - cpu_started if cpu_started is not None else None
             row.sampled_tokens = sum(len(t) for t in model_runner_output.sampled_token_ids)
             for req_id, tokens in zip(
                 model_runner_output.req_ids, model_runner_output.sampled_token_ids, strict=False
@@ -219,7 +238,7 @@ class _FeatherSchedulingMixin:
                 self.policy.report_step(
                     StepOutcome(row.batch_size, row.sampled_tokens, row.step_time_s)
                 )
-        self._last_update = now
+        self._last_update, self._last_update_cpu = now, now_cpu
         return outputs
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
@@ -250,9 +269,14 @@ class _FeatherSchedulingMixin:
         scheduled = output.num_scheduled_tokens
         requests = [self.requests[rid] for rid in scheduled]
         decode = prefill_tokens = 0
+        contexts, news = [], []
         for request in requests:
             done_before = request.num_computed_tokens - scheduled[request.request_id]
-            if done_before >= request.num_prompt_tokens:
+            contexts.append(done_before)
+            news.append(scheduled[request.request_id])
+            # a decode computes one token past the prompt; anything else is prefill, the
+            # recompute of a resumed request's generated tokens included (as the simulator)
+            if scheduled[request.request_id] == 1 and done_before >= request.num_prompt_tokens:
                 decode += 1
             else:
                 prefill_tokens += scheduled[request.request_id]
@@ -292,6 +316,8 @@ class _FeatherSchedulingMixin:
             decisions_add=sum(d.action is Action.ADD for d in decisions),
             decisions_stop=sum(d.action is Action.STOP for d in decisions),
             stop_reason=str(record.stop_reason) if record and record.stop_reason else None,
+            seq_context_tokens=contexts,
+            seq_new_tokens=news,
         )
         self.step_rows.append(row)
         self._rows_in_flight[id(output)] = row
