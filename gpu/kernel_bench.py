@@ -10,7 +10,7 @@ PyTorch, Triton and nvidia-ml-py are assumed). Everything goes to OUTDIR:
   batches not started by the timing deadline are listed in its `notes`;
 - nvml.parquet / the `nvml` record: NVML counters sampled while the benchmarks run
   (`feather.telemetry.nvml.NvmlSampler`, the project's one sampler; where it cannot be
-  imported, gpu/l2_probe.py's pynvml sampler gives the summary instead);
+  imported, the probe's pynvml sampler in gpu/l2_probe_device.py gives the summary instead);
 - ncu.json: where Nsight Compute works, L2 hit rate and DRAM bytes read
   (`lts__t_sector_hit_rate.pct`, `dram__bytes_read.sum`, ...) of each Triton kernel's launches
   for one decode step of the homogeneous batch and the mixed batches: this script re-runs
@@ -25,8 +25,9 @@ PyTorch, Triton and nvidia-ml-py are assumed). Everything goes to OUTDIR:
 
 `python gpu/kernel_bench.py --device cpu --quick --out DIR` runs the same flow on the CPU with
 tiny shapes and Triton's interpreter (a logic check for the tests, not a measurement).
-Reuses gpu/l2_probe.py's Nsight Compute plumbing (bounded subprocesses, CSV parsing, metric
-query) and its watchdog.
+Reuses, through gpu/l2_probe.py (`_load_probe`), the probe's Nsight Compute plumbing
+(gpu/l2_probe_ncu.py: flags, CSV parsing, metric query), its bounded subprocesses, watchdog and
+results file (gpu/l2_probe_bookkeeping.py) and its NVML sampler (gpu/l2_probe_device.py).
 """
 
 from __future__ import annotations
@@ -331,7 +332,8 @@ def nvml_sampling(out_dir: Path, probe: Any, record: dict[str, Any]):
     """NVML counters while the block runs, into `record` (and out_dir/nvml.parquet).
 
     TELEMETRY: `feather.telemetry.nvml.NvmlSampler` is the project's sampler; it needs
-    pyarrow for its series. Without it, gpu/l2_probe.py's pynvml sampler summarises instead.
+    pyarrow for its series. Without it, the probe's pynvml sampler (gpu/l2_probe_device.py)
+    summarises instead.
     """
     try:
         from feather.telemetry.nvml import NvmlSampler

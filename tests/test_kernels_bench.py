@@ -8,6 +8,7 @@ folds its metrics into the calibration file.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -252,3 +253,36 @@ def test_bare_gpu_box_fallbacks(tmp_path: Path, monkeypatch) -> None:
     assert record["sampler"].startswith("gpu/l2_probe.py") and record["available"] is False
     got = bench._provenance(config={"a": 1}, seed=3)
     assert got["error"].startswith("feather.provenance unavailable") and got["seed"] == 3
+
+
+def test_kernel_bench_finds_what_it_uses_in_the_probe() -> None:
+    """Every `probe.<name>` gpu/kernel_bench.py reads exists on the probe it loads, in a fresh
+    interpreter where gpu/ is not on sys.path and both scripts are loaded by path (as the tests
+    load them): the probe's parts live in gpu/l2_probe_*.py and it must still find them."""
+    tree = ast.parse(SCRIPT.read_text())
+    used = sorted(
+        {
+            node.attr
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "probe"
+        }
+    )
+    assert {"ncu_args", "run_bounded", "parse_ncu_csv", "start_watchdog", "NvmlSampler"} <= set(
+        used
+    )
+    code = (
+        "import importlib.util, json, sys\n"
+        f"assert {str(SCRIPT.parent)!r} not in sys.path\n"
+        f"spec = importlib.util.spec_from_file_location('kernel_bench', {str(SCRIPT)!r})\n"
+        "bench = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(bench)\n"
+        "probe = bench._load_probe()\n"
+        f"print(json.dumps([name for name in {used!r} if not hasattr(probe, name)]))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout) == []

@@ -38,13 +38,19 @@ def _load_probe() -> ModuleType:
     spec = importlib.util.spec_from_file_location("l2_probe", PROBE_PATH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["l2_probe"] = module  # dataclasses resolve annotations through sys.modules
+    sys.modules["l2_probe"] = module
     spec.loader.exec_module(module)
     return module
 
 
 probe = _load_probe()
-FULL = probe.FULL_SHAPES
+# Loaded by path, the probe puts gpu/ on sys.path and imports its parts by name: these are the
+# very modules it uses.
+configs = importlib.import_module("l2_probe_configs")
+bookkeeping = importlib.import_module("l2_probe_bookkeeping")
+device = importlib.import_module("l2_probe_device")
+ncu_plumbing = importlib.import_module("l2_probe_ncu")
+FULL = configs.FULL_SHAPES
 TOKEN_BYTES_FULL = 2 * 8 * 128 * 2  # K and V, 8 KV heads, head_dim 128, bf16
 
 
@@ -69,7 +75,7 @@ def _check_pool(cfg) -> None:
 
 
 def test_homog_100_shares_full_prefix_blocks_only() -> None:
-    cfg = probe.build_config("homog_100")
+    cfg = configs.build_config("homog_100")
     shared = FULL.prefix_tokens // FULL.block_size  # 243 full blocks; 12 prefix tokens private
     assert shared == 243
     assert cfg.num_seqs == 100 and set(cfg.seq_lens) == {4000} and set(cfg.groups) == {0}
@@ -83,8 +89,8 @@ def test_homog_100_shares_full_prefix_blocks_only() -> None:
 
 
 def test_mixed_800_shuffled_and_grouped_hold_the_same_groups() -> None:
-    shuffled = probe.build_config("mixed_800")
-    grouped = probe.build_config("mixed_800_grouped")
+    shuffled = configs.build_config("mixed_800")
+    grouped = configs.build_config("mixed_800_grouped")
     for cfg in (shuffled, grouped):
         assert cfg.num_seqs == 800 and cfg.num_blocks == 8 * (243 + 700)
         _check_pool(cfg)
@@ -100,20 +106,20 @@ def test_mixed_800_shuffled_and_grouped_hold_the_same_groups() -> None:
     assert sorted(map(tuple, shuffled.block_tables)) == sorted(map(tuple, grouped.block_tables))
     runs = sum(1 for a, b in zip(shuffled.groups, shuffled.groups[1:], strict=False) if a != b)
     assert runs > 400  # really interleaved
-    assert probe.build_config("mixed_800").block_tables == shuffled.block_tables  # seeded
+    assert configs.build_config("mixed_800").block_tables == shuffled.block_tables  # seeded
 
 
 def test_mixed_100_groups_of_12_and_13() -> None:
-    cfg = probe.build_config("mixed_100")
+    cfg = configs.build_config("mixed_100")
     _check_pool(cfg)
     sizes = sorted(cfg.groups.count(g) for g in range(8))
     assert sizes == [12, 12, 12, 12, 13, 13, 13, 13]
-    assert probe.split_evenly(100, 8) == [13, 13, 13, 13, 12, 12, 12, 12]
+    assert configs.split_evenly(100, 8) == [13, 13, 13, 13, 12, 12, 12, 12]
     assert cfg.groups != sorted(cfg.groups)
 
 
 def test_homog_100_1div_has_one_unshared_sequence() -> None:
-    cfg = probe.build_config("homog_100_1div")
+    cfg = configs.build_config("homog_100_1div")
     _check_pool(cfg)
     assert cfg.num_seqs == 100 and cfg.groups.count(-1) == 1
     div = cfg.groups.index(-1)
@@ -126,40 +132,40 @@ def test_homog_100_1div_has_one_unshared_sequence() -> None:
 
 @pytest.mark.parametrize("name,count", [("unshared_100", 100), ("unshared_800", 800)])
 def test_unshared_configs_share_nothing(name: str, count: int) -> None:
-    cfg = probe.build_config(name)
+    cfg = configs.build_config(name)
     _check_pool(cfg)
     assert cfg.num_seqs == count and set(cfg.groups) == {-1}
     assert cfg.num_blocks == count * 250
-    assert probe.logical_kv_bytes(cfg, FULL) == probe.unique_kv_bytes(cfg, FULL)
+    assert configs.logical_kv_bytes(cfg, FULL) == configs.unique_kv_bytes(cfg, FULL)
 
 
 def test_byte_accounting_full_shapes() -> None:
     assert FULL.kv_bytes_per_token == TOKEN_BYTES_FULL
-    homog = probe.build_config("homog_100")
-    assert probe.logical_kv_bytes(homog, FULL) == 100 * 4000 * TOKEN_BYTES_FULL
+    homog = configs.build_config("homog_100")
+    assert configs.logical_kv_bytes(homog, FULL) == 100 * 4000 * TOKEN_BYTES_FULL
     # 243 shared blocks once + each sequence's 112 own tokens (12 prefix tail + 100)
-    assert probe.unique_kv_bytes(homog, FULL) == (243 * 16 + 100 * 112) * TOKEN_BYTES_FULL
-    mixed = probe.build_config("mixed_800")
-    assert probe.logical_kv_bytes(mixed, FULL) == 800 * 4000 * TOKEN_BYTES_FULL
-    assert probe.unique_kv_bytes(mixed, FULL) == 8 * probe.unique_kv_bytes(homog, FULL)
-    desc = probe.describe_config(homog, FULL)
+    assert configs.unique_kv_bytes(homog, FULL) == (243 * 16 + 100 * 112) * TOKEN_BYTES_FULL
+    mixed = configs.build_config("mixed_800")
+    assert configs.logical_kv_bytes(mixed, FULL) == 800 * 4000 * TOKEN_BYTES_FULL
+    assert configs.unique_kv_bytes(mixed, FULL) == 8 * configs.unique_kv_bytes(homog, FULL)
+    desc = configs.describe_config(homog, FULL)
     assert desc["programs"] == 800 and desc["max_blocks"] == 250
     assert desc["group_sizes"] == {"0": 100}
 
 
 def test_unique_bytes_count_partial_blocks_once() -> None:
-    shapes = probe.SMOKE_SHAPES  # block 4, 30-token prefix (7 full blocks), 35-token sequences
-    cfg = probe.build_config("homog_100", shapes)
+    shapes = configs.SMOKE_SHAPES  # block 4, 30-token prefix (7 full blocks), 35-token sequences
+    cfg = configs.build_config("homog_100", shapes)
     per_token = shapes.kv_bytes_per_token
     own_tokens = 35 - 7 * 4  # 7: 2 prefix tail + 5 own, in 2 blocks (4 + 3)
-    assert probe.unique_kv_bytes(cfg, shapes) == (7 * 4 + 8 * own_tokens) * per_token
+    assert configs.unique_kv_bytes(cfg, shapes) == (7 * 4 + 8 * own_tokens) * per_token
     padded = cfg.padded_tables()
     assert {len(r) for r in padded} == {cfg.max_blocks}
 
 
 def test_unknown_config_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown config"):
-        probe.build_config("nope")
+        configs.build_config("nope")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,28 +174,28 @@ def test_unknown_config_is_refused() -> None:
 
 
 def test_summaries() -> None:
-    times = probe.summarise_times([3.0, 1.0, 2.0, 10.0, 4.0])
+    times = bookkeeping.summarise_times([3.0, 1.0, 2.0, 10.0, 4.0])
     assert times["median_ms"] == 3.0 and times["min_ms"] == 1.0 and times["max_ms"] == 10.0
-    bw = probe.bandwidth_summary(4_000_000_000, 1_000_000_000, 1.0, 4e12)
+    bw = bookkeeping.bandwidth_summary(4_000_000_000, 1_000_000_000, 1.0, 4e12)
     assert bw["effective_bytes_per_s"] == pytest.approx(4e12)
     assert bw["ratio_to_copy"] == pytest.approx(1.0)
     assert bw["unique_ratio_to_copy"] == pytest.approx(0.25)
-    assert probe.bandwidth_summary(1, 1, 1.0, None)["ratio_to_copy"] is None
+    assert bookkeeping.bandwidth_summary(1, 1, 1.0, None)["ratio_to_copy"] is None
     samples = [
         {"t_s": 0.0, "mem_util_pct": 50.0, "power_w": None},
         {"t_s": 0.02, "mem_util_pct": 70.0, "power_w": None},
     ]
-    got = probe.summarise_samples(samples)
+    got = device.summarise_samples(samples)
     assert got["samples"] == 2
     assert got["mem_util_pct"] == {"mean": 60.0, "max": 70.0, "n": 2}
     assert got["power_w"] is None and "t_s" not in got
 
 
 def test_budget_and_results_file(tmp_path: Path) -> None:
-    budget = probe.Budget(start_s=0.0, total_s=1e12)
+    budget = bookkeeping.Budget(start_s=0.0, total_s=1e12)
     assert budget.before(1e12) and budget.remaining() > 0
-    assert not probe.Budget(start_s=-100.0, total_s=50.0).before(50.0)
-    results = probe.Results(tmp_path / "sub" / "r.json", {"configs": {}})
+    assert not bookkeeping.Budget(start_s=-100.0, total_s=50.0).before(50.0)
+    results = bookkeeping.Results(tmp_path / "sub" / "r.json", {"configs": {}})
     results.write()
     assert "elapsed_s" in json.loads((tmp_path / "sub" / "r.json").read_text())
     assert not list(tmp_path.glob("sub/*.tmp"))
@@ -197,10 +203,10 @@ def test_budget_and_results_file(tmp_path: Path) -> None:
 
 def test_resident_programs_per_sm() -> None:
     # the bf16 kernel as Triton 3.6 builds it for sm_90 (104 registers, 39 KB shared, 4 warps)
-    assert probe.resident_programs_per_sm(104, 39168, 4) == 4  # registers bind
-    assert probe.resident_programs_per_sm(255, 0, 4) == 2
-    assert probe.resident_programs_per_sm(32, 100_000, 4) == 2  # shared memory binds
-    assert probe.resident_programs_per_sm(16, 0, 1) == 32  # CTA slots bind
+    assert device.resident_programs_per_sm(104, 39168, 4) == 4  # registers bind
+    assert device.resident_programs_per_sm(255, 0, 4) == 2
+    assert device.resident_programs_per_sm(32, 100_000, 4) == 2  # shared memory binds
+    assert device.resident_programs_per_sm(16, 0, 1) == 32  # CTA slots bind
 
 
 def test_watchdog_saves_results_and_exits_124(tmp_path: Path) -> None:
@@ -227,7 +233,7 @@ def test_format_table_tolerates_partial_records() -> None:
         },
         "ncu": {"runs": {"homog_100": {"summary": {"l2_hit_rate_pct": 90.0}}}},
     }
-    table = probe.format_table(data)
+    table = bookkeeping.format_table(data)
     assert "homog_100" in table and "90.0" in table and "ERROR RuntimeError: boom" in table
 
 
@@ -248,24 +254,24 @@ ncu-mode homog_100: done
 
 
 def test_parse_ncu_csv_skips_program_output_and_scales_units() -> None:
-    launches = probe.parse_ncu_csv(NCU_CSV)
+    launches = ncu_plumbing.parse_ncu_csv(NCU_CSV)
     assert len(launches) == 1
     got = launches[0]
     assert got["kernel"] == "_paged_decode_kernel"
     assert got["metrics"]["dram__bytes_read.sum"] == 123_456_789
     assert got["metrics"]["lts__t_sector_hit_rate.pct"] == 92.5
     assert got["metrics"]["lts__t_sectors_srcunit_tex_op_read.sum"] == 2.5e6
-    assert probe.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM - no permission\n") == []
+    assert ncu_plumbing.parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM - no permission\n") == []
 
 
 def test_ncu_summary_reuse() -> None:
     metrics = {"dram__bytes_read.sum": 300.0, "lts__t_sector_hit_rate.pct": 80.0}
-    got = probe.ncu_summary(metrics, logical=1000, unique=100)
+    got = ncu_plumbing.ncu_summary(metrics, logical=1000, unique=100)
     assert got["dram_over_logical"] == pytest.approx(0.3)
     assert got["dram_over_unique"] == pytest.approx(3.0)
     assert got["reuse_captured"] == pytest.approx(700 / 900)
-    assert probe.ncu_summary(metrics, logical=100, unique=100)["reuse_captured"] is None
-    assert probe.ncu_summary({}, 1, 1)["dram_read_bytes"] is None
+    assert ncu_plumbing.ncu_summary(metrics, logical=100, unique=100)["reuse_captured"] is None
+    assert ncu_plumbing.ncu_summary({}, 1, 1)["dram_read_bytes"] is None
 
 
 def _fake_ncu(tmp_path: Path, body: str) -> Path:
@@ -317,11 +323,11 @@ def test_run_ncu_for_config_times_out(tmp_path: Path) -> None:
 
 def test_ncu_metric_query_keeps_listed_optional_metrics(tmp_path: Path) -> None:
     fake = _fake_ncu(tmp_path, "print('gpu__time_duration  Counter  ns  duration')")
-    got = probe.ncu_available_metrics(str(fake), 30.0)
-    assert got["metrics"] == [*probe.NCU_METRICS_REQUIRED, "gpu__time_duration.sum"]
+    got = ncu_plumbing.ncu_available_metrics(str(fake), 30.0)
+    assert got["metrics"] == [*ncu_plumbing.NCU_METRICS_REQUIRED, "gpu__time_duration.sum"]
     failing = _fake_ncu(tmp_path, "print('gpu__time_duration'); sys.exit(3)")
-    assert probe.ncu_available_metrics(str(failing), 30.0)["metrics"] == list(
-        probe.NCU_METRICS_REQUIRED
+    assert ncu_plumbing.ncu_available_metrics(str(failing), 30.0)["metrics"] == list(
+        ncu_plumbing.NCU_METRICS_REQUIRED
     )
 
 
@@ -529,10 +535,10 @@ def test_kernel_facts_from_a_compiled_handle(kernels) -> None:
     handle = SimpleNamespace(n_regs=104, n_spills=0, metadata=meta)
     props = SimpleNamespace(regs_per_multiprocessor=65536)
     fake_torch = SimpleNamespace(cuda=SimpleNamespace(get_device_properties=lambda i: props))
-    facts = probe.kernel_facts(handle, fake_torch, False, FULL)
+    facts = device.kernel_facts(handle, fake_torch, False, FULL)
     assert facts["name"] == kernels.TRITON_KERNEL_NAME and facts["tile_tokens"] == 64
     assert facts["resident_programs_per_sm_estimate"] == 4
-    assert probe.kernel_facts(None, fake_torch, False, FULL)["n_regs"] is None
+    assert device.kernel_facts(None, fake_torch, False, FULL)["n_regs"] is None
 
 
 def test_probe_cpu_smoke_end_to_end(tmp_path: Path, triton_interp) -> None:
@@ -584,5 +590,5 @@ def test_probe_cpu_smoke_end_to_end(tmp_path: Path, triton_interp) -> None:
     ncu = data["ncu"]["runs"]["homog_100"]
     assert ncu["rc"] == 0, ncu
     assert ncu["summary"]["dram_read_bytes"] == 123_456_789
-    assert data["ncu"]["metrics"] == list(probe.NCU_METRICS_REQUIRED)
+    assert data["ncu"]["metrics"] == list(ncu_plumbing.NCU_METRICS_REQUIRED)
     assert "homog_100" in run.stdout and "results:" in run.stdout
