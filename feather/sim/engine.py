@@ -54,6 +54,8 @@ class EngineConfig:
     """Engine limits; defaults are the engines' own (vLLM V1 offline `LLM`, SGLang server).
 
     num_blocks: KV pool size in blocks (the runner derives it from the hardware and model).
+    prefix_read_once: the attention kernel reads a batch-wide common prefix once (cascade);
+        told to the policy in every `StepContext`.
     """
 
     mode: Mode = "vllm"
@@ -67,6 +69,7 @@ class EngineConfig:
     new_token_ratio: float = 0.7
     overlap_scheduling: bool = False
     reserve_full_prompt: bool = True
+    prefix_read_once: bool = False
     max_steps: int = 5_000_000
 
     def __post_init__(self) -> None:
@@ -303,6 +306,7 @@ class Engine:
                     max_running=cfg.max_num_seqs,
                     token_budget=budget,
                     free_blocks=pool.num_free,
+                    prefix_read_once=cfg.prefix_read_once,
                 ),
             )
             while budget > 0 and len(running) < cfg.max_num_seqs:
@@ -379,6 +383,7 @@ class Engine:
                     max_running=cfg.max_num_seqs,
                     token_budget=rem_input,
                     free_blocks=pool.num_free,
+                    prefix_read_once=cfg.prefix_read_once,
                 ),
             )
             while len(self.running) < cfg.max_num_seqs and rem_input > 0 and rem_chunk > 0:
@@ -624,7 +629,7 @@ class Engine:
         if not cfg.overlap_scheduling:
             self.clock += sched_model  # vLLM V1's default path schedules synchronously
         step_time = self.clock - start
-        self.policy.report_step(StepOutcome(len(scheduled), sampled, step_time))
+        self.policy.report_step(StepOutcome(len(scheduled), sampled, step_time, prefill_tokens))
         if self.record_steps:
             self.result.steps.append(
                 StepRecord(

@@ -172,6 +172,7 @@ def simulate(
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         overlap_scheduling=spec.overlap_scheduling,
+        prefix_read_once=spec.kernel == "cascade",
     )
     sched_model = (
         SchedulingCostModel.default() if spec.sched_time == "model" else SchedulingCostModel.zero()
