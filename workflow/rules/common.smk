@@ -164,11 +164,26 @@ def figure_names():
             if exp.runs or exp.training or exp.engine_batches for name in exp.figures]
 
 
+def never_worse_targets():
+    return [] if config.get("never_worse", "large") == "off" else ["results/never_worse.json"]
+
+
+def never_worse_policies():
+    """The frozen tables the never-worse benchmark deploys: the rl experiment's learners,
+    trained on its first hardware (none where the experiment is off)."""
+    exp = EXPERIMENTS.get("rl")
+    if exp is None or exp.training is None:
+        return {}
+    hw = exp.training["hardware"][0]
+    return {learner: f"results/{hw}/sim/rl/{learner}/policy.json"
+            for learner in exp.training["learners"]}
+
+
 def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
              "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets())
+            + overhead_targets() + kernel_targets() + never_worse_targets())
 
 
 def profile_args():
@@ -225,6 +240,11 @@ def shape_args(options, kind="leval"):
 def training():
     """The rl experiment's training section (what the learners train and are evaluated on)."""
     return EXPERIMENTS["rl"].training
+
+
+def transfer():
+    """The rl experiment's transfer training (the table a real engine deploys), or {}."""
+    return (training() or {}).get("transfer") or {}
 
 
 def figure_meta(name):
