@@ -68,7 +68,7 @@ from feather.policies.base import (
 from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
 
 POLICY_FILE_FORMAT = "feather-policy/1"
-CONSULT = ("kernel", "always")
+CONSULT = ("kernel", "always", "never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,8 @@ class FeatherPolicy(AdmissionPolicy):
             wait 24.5 s against FCFS's 5.7 s.
         consult: when the rule is asked - "kernel" (default: only where the engine's kernel
             reads the batch's common prefix once) or "always" (wherever delta > 0, as the
-            paper describes it; for kernels not characterised here, and for comparisons).
+            paper describes it; for kernels not characterised here, and for comparisons) or
+            "never" (Feather without STOP: the CHT's order, every decision ADD).
     """
 
     def __init__(
@@ -182,7 +183,9 @@ class FeatherPolicy(AdmissionPolicy):
                 candidate = sharing[0]
         state = cht.candidate_state(candidate)
         ctx = self._ctx
-        at_stake = ctx.prefix_read_once or self.consult == "always"
+        at_stake = self.consult == "always" or (
+            self.consult == "kernel" and ctx.prefix_read_once
+        )
         if batch_size < 2 or state.delta == 0 or not at_stake:
             return self._forced(candidate, batch_size, state)
         delta_tokens = state.delta * self.chunk_size
