@@ -430,49 +430,116 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     )
 
 
+def _shape_label(spec: str) -> str:
+    """A synthetic spec as its shape: 'groups x per_group, prefix P, out O, order'."""
+    fields = dict(
+        part.split("=", 1) for part in spec.replace("synthetic:", "").split(",") if "=" in part
+    )
+    if not {"groups", "per_group"} <= set(fields):
+        return Path(spec).stem[:30]
+    return (
+        f"{fields['groups']}x{fields['per_group']}, prefix {fields.get('prefix', '?')}, "
+        f"out {fields.get('output', '?')}, {fields.get('order', 'shuffled')}"
+    )
+
+
+def _policy_rows(reports: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for report in reports:
+        learner = report["training"]["learner"].replace("feather-", "")
+        for state, entry in sorted(report["training"].get("policy", {}).items()):
+            visits = entry["visits"]
+            counts = f"{visits.get('ADD', 0)} / {visits.get('STOP', 0)}"
+            rows.append([learner, state, entry["action"], counts])
+    return rows
+
+
 @figure("rl_policies")
 def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    """Learning curves relative to feather-static (same workload and seed), held-out gains
+    with min-max bars over seeds, and each learned table (state -> action, visits)."""
+    fig = plt.figure(figsize=(15, 5.2))
+    grid = fig.add_gridspec(1, 3, width_ratios=[1.1, 1.1, 0.9])
+    curve, held, table_ax = (fig.add_subplot(grid[0, i]) for i in range(3))
     for report in reports:
-        history = report["training"]["history"]
-        axes[0].plot(
-            range(1, len(history) + 1),
-            [h["output_tok_s"] for h in history],
-            marker="o",
-            label=f"{report['training']['learner']} ({report['hardware']})",
-        )
-    axes[0].set(
-        xlabel="training run (workload x seed, in order)",
-        ylabel="output throughput while learning (tokens/s)",
-        title="learning curves",
+        learner = report["training"]["learner"].replace("feather-", "")
+        history = pd.DataFrame(report["training"]["history"])
+        if "ratio_to_static" not in history:
+            continue
+        for workload, part in history.groupby("workload", sort=False):
+            curve.plot(
+                part["run"],
+                part["ratio_to_static"],
+                marker="o",
+                label=f"{learner}: {_shape_label(workload)}",
+            )
+        convergence = report["training"].get("convergence") or {}
+        if convergence.get("last_change_run"):
+            curve.axvline(convergence["last_change_run"], color="grey", lw=0.6, ls=":")
+    curve.axhline(1.0, color="grey", lw=0.8, ls="--")
+    curve.set(
+        xlabel="training run (seed-major: every workload once per seed)",
+        ylabel="throughput while learning / feather-static",
+        title="learning curves (dotted: last change of the greedy table)",
     )
-    axes[0].legend(fontsize=7)
+    curve.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
     rows = [
         {
-            "learner": f"{r['training']['learner']} ({r['hardware']})",
-            "workload": run["workload"].split(",seed")[0].replace("synthetic:", ""),
+            "learner": r["training"]["learner"].replace("feather-", ""),
+            "workload": _shape_label(run["workload"]),
+            "seed": run["seed"],
             "ratio": run["ratio"],
         }
         for r in reports
-        for run in r["evaluation"]["runs"]
+        for run in r.get("evaluation", {}).get("runs", [])
     ]
     frame = pd.DataFrame(rows)
-    sns.barplot(
-        data=frame, x="learner", y="ratio", hue="workload", ax=axes[1], errorbar=("pi", 100)
-    )
-    axes[1].axhline(1.0, color="grey", lw=0.8, ls="--")
-    axes[1].set(
-        xlabel="frozen learned policy",
-        ylabel="throughput / feather-static",
-        title="held-out workloads and seeds",
-    )
-    axes[1].legend(fontsize=6)
+    if not frame.empty:
+        stats = frame.groupby(["workload", "learner"])["ratio"].agg(["mean", "min", "max", "count"])
+        workloads = list(dict.fromkeys(frame["workload"]))
+        learners = list(dict.fromkeys(frame["learner"]))
+        width = 0.8 / len(learners)
+        for j, learner in enumerate(learners):
+            xs, means, lows, highs = [], [], [], []
+            for i, workload in enumerate(workloads):
+                if (workload, learner) not in stats.index:
+                    continue
+                row = stats.loc[(workload, learner)]
+                xs.append(i + (j - (len(learners) - 1) / 2) * width)
+                means.append(row["mean"])
+                lows.append(row["mean"] - row["min"])
+                highs.append(row["max"] - row["mean"])
+            bars = held.bar(xs, means, width, yerr=[lows, highs], capsize=3, label=learner)
+            held.bar_label(bars, fmt="%.2f", fontsize=7, padding=6)
+        held.set_xticks(
+            range(len(workloads)), [w.replace(", out", "\nout") for w in workloads], fontsize=7
+        )
+        seeds = sorted(frame["seed"].unique())
+        held.set_title(f"held-out workloads, seeds {', '.join(map(str, seeds))} (min-max)")
+        held.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(learners))
+    held.axhline(1.0, color="grey", lw=0.8, ls="--")
+    held.set(ylabel="frozen learned policy / feather-static")
+    table_ax.axis("off")
+    table_rows = _policy_rows(reports)
+    if table_rows:
+        cell = table_ax.table(
+            cellText=table_rows,
+            colLabels=["learner", "state b|delta|w", "greedy", "visits ADD / STOP"],
+            loc="upper center",
+            cellLoc="left",
+        )
+        cell.auto_set_font_size(False)
+        cell.set_fontsize(7)
+        cell.scale(1.0, 1.2)
+    table_ax.set_title("learned tables (state buckets: learning.py)", fontsize=9)
+    kernels = sorted({str(r.get("kernel", "paged")) for r in reports})
     fig.suptitle(meta["title"])
     _save(
         fig,
         out,
         f"{meta['paper']} Produced by: simulator ("
-        f"{', '.join(sorted({r['hardware'] for r in reports}))} profile).",
+        f"{', '.join(sorted({r['hardware'] for r in reports}))} profile, kernel "
+        f"{', '.join(kernels)}). Ratios against feather-static on the same workload and seed.",
     )
 
 
