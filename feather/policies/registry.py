@@ -74,6 +74,21 @@ def create_scheduler(name: str, **params: Any) -> AdmissionPolicy:
         raise ValueError(f"scheduler {name!r}: bad parameters {sorted(params)}: {exc}") from exc
 
 
+def _accepted_params(cls: type) -> set[str]:
+    """Keyword parameters a class's constructor takes, following `**kwargs` up the MRO (the
+    learners pass theirs on to FeatherPolicy, whose chunk_size must still be set)."""
+    accepted: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters.values()
+        accepted |= {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            break
+    return accepted - {"self"}
+
+
 def create_engine_policy(
     name: str,
     params: dict[str, Any] | None = None,
@@ -91,7 +106,7 @@ def create_engine_policy(
     gives them. The user's `params` win for everything else; `seed` is the default seed.
     """
     params = dict(params or {})
-    accepted = inspect.signature(resolve_scheduler(name).__init__).parameters
+    accepted = _accepted_params(resolve_scheduler(name))
     if "chunk_size" in accepted:
         params.setdefault("chunk_size", block_size)
         if params["chunk_size"] != block_size:
