@@ -87,8 +87,10 @@ def _cmd_bench_never_worse(args: argparse.Namespace) -> int:
     policy_files = {}
     for item in args.policy or []:
         name, sep, path = item.partition("=")
-        if not sep or name not in nw.LEARNERS:
-            raise SystemExit(f"--policy {item!r}: expected {nw.LEARNERS[0]}=FILE (or qlearn)")
+        if not sep or name.partition("@")[0] not in nw.LEARNERS:
+            raise SystemExit(
+                f"--policy {item!r}: expected {nw.LEARNERS[0]}[@HARDWARE]=FILE (or qlearn)"
+            )
         policy_files[name] = path
     progress = None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True)
     cases = nw.LARGE_CASES if args.cases == "large" else ()
@@ -529,8 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     bnw.add_argument(
         "--policy",
         action="append",
-        metavar="LEARNER=FILE",
-        help="a trained table to run frozen, e.g. feather-ucb=results/.../policy.json",
+        metavar="LEARNER[@HARDWARE]=FILE",
+        help="a trained table to run frozen (on HARDWARE's cases only, where given), e.g. "
+        "feather-ucb@a100-80gb=results/a100-80gb/sim/rl/feather-ucb/policy.json",
     )
     bnw.add_argument(
         "--cases",

@@ -7,7 +7,7 @@ group's document); short and long outputs; the device's KV pool or a tight one; 
 SGLang engine modes; the paged kernel and cascade attention (where Feather's rule is
 consulted); the A100 and RTX 6000 Ada profiles. Each draw runs FCFS and six Feather
 policies: feather-static, both learners online from scratch (exploration included) and both
-frozen with tables trained on cascade workloads where stopping pays. Below saturation
+frozen with the device's tables trained on cascade workloads where stopping pays. Below saturation
 (Poisson at half of FCFS's offline capacity) TTFT p99 and the longest wait stay within 1.1x
 of FCFS's too.
 
@@ -28,6 +28,7 @@ from feather.sim.run import SimulationSpec, simulate
 from feather.sim.training import train
 from feather.workloads import load_workload
 
+HARDWARE = ("a100-80gb", "rtx-6000-ada")
 TRAIN = (
     "synthetic:groups=3,per_group=70,prefix=2048,suffix=32,output=64,order=shuffled,"
     "spread=0.2,seed={seed}",
@@ -38,21 +39,23 @@ TRAIN = (
 
 @pytest.fixture(scope="module")
 def policy_files(tmp_path_factory) -> dict[str, str]:
-    """Both learners trained (cascade kernel, A100) on big groups, where STOP pays, and tiny
-    ones, where it does not."""
+    """Both learners trained per device (cascade kernel) on big groups, where STOP pays on
+    the A100, and tiny ones, where it does not; `learner@hardware` -> table."""
     out = tmp_path_factory.mktemp("policies")
-    base = SimulationSpec(
-        workload=TRAIN[0],
-        scheduler="feather-ucb",
-        hardware="a100-80gb",
-        model="llama-3.1-8b",
-        kernel="cascade",
-    )
     files = {}
-    for learner in ("feather-ucb", "feather-qlearn"):
-        report = train(learner, base, TRAIN, [0, 1], out / f"{learner}.json")
-        assert report["history"][-1]["updates"] > 0
-        files[learner] = report["policy_file"]
+    for hardware in HARDWARE:
+        base = SimulationSpec(
+            workload=TRAIN[0],
+            scheduler="feather-ucb",
+            hardware=hardware,
+            model="llama-3.1-8b",
+            kernel="cascade",
+        )
+        for learner in ("feather-ucb", "feather-qlearn"):
+            report = train(learner, base, TRAIN, [0, 1], out / f"{learner}@{hardware}.json")
+            assert report["history"][-1]["updates"] > 0
+            assert report["trained_on"]["hardware"] == hardware
+            files[f"{learner}@{hardware}"] = report["policy_file"]
     return files
 
 
@@ -77,7 +80,7 @@ def family(draw) -> dict:
         "tight": draw(st.booleans()),
         "engine_mode": draw(st.sampled_from(["vllm", "sglang"])),
         "kernel": draw(st.sampled_from(["paged", "cascade"])),
-        "hardware": draw(st.sampled_from(["a100-80gb", "rtx-6000-ada"])),
+        "hardware": draw(st.sampled_from(HARDWARE)),
         "seed": draw(st.integers(0, 1000)),
     }
 
@@ -153,7 +156,8 @@ def _with_examples(test):
 )
 def test_every_feather_policy_is_never_worse_than_fcfs(draw, policy_files) -> None:
     case = case_of(draw)
-    result = compare(case, variants(policy_files), workload=load_workload(case.workload))
+    policies = variants(policy_files, case.hardware)  # the device's own tables
+    result = compare(case, policies, workload=load_workload(case.workload))
     assert len(result["feather"]) == 5  # static, two online learners, two frozen
     assert not violations(result), (case, violations(result), result["feather"])
     if case.kernel == "paged":  # nothing at stake: no policy is asked, all admit alike

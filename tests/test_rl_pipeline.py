@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from feather.bench.never_worse import from_summary, minimum_by_policy, violations
+from feather.bench.never_worse import from_summary, minimum_by_policy, variants, violations
 from feather.pipeline.experiments import ExperimentError, expand_engine_runs, load_experiment
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,3 +94,37 @@ def test_never_worse_over_a_summary_table_pairs_each_setting_with_its_fcfs() -> 
     assert worst["feather-static"]["max_longest_wait_ratio"] == 1.2
     (real,) = worst["feather-static"]["real_engine"]
     assert real["median_over_fcfs_min"] == pytest.approx(9.5 / 9.0)
+
+
+def test_frozen_tables_deploy_on_their_own_device() -> None:
+    files = {"feather-ucb@a100-80gb": "a.json", "feather-qlearn": "any.json"}
+    on_a100 = {v.label: v.params for v in variants(files, "a100-80gb")}
+    on_ada = {v.label: v.params for v in variants(files, "rtx-6000-ada")}
+    assert on_a100["feather-ucb (frozen)"]["policy_file"] == "a.json"
+    assert "feather-ucb (frozen)" not in on_ada  # trained for another device only
+    assert on_ada["feather-qlearn (frozen)"] == {"policy_file": "any.json", "frozen": True}
+    assert {"feather-static", "feather-ucb (online)", "feather-qlearn (online)"} <= set(on_ada)
+
+
+def test_a_frozen_table_run_on_another_device_says_so(tmp_path) -> None:
+    from feather.policies import create_scheduler
+    from feather.sim.run import SimulationSpec, simulate
+
+    table = create_scheduler("feather-ucb")
+    table.trained_on = {"hardware": "a100-80gb", "model": "llama-3.1-8b", "kernel": "cascade"}
+    path = table.save(tmp_path / "ucb.json")
+    spec = SimulationSpec(
+        workload="synthetic:groups=2,per_group=4,prefix=64,suffix=8,output=4,seed=0",
+        scheduler="feather-ucb",
+        hardware="rtx-6000-ada",
+        model="llama-3.1-8b",
+        kernel="cascade",
+        scheduler_params={"policy_file": str(path), "frozen": True},
+    )
+    summary = simulate(spec).summary
+    assert summary["policy_scope_warning"] == (
+        "table trained elsewhere: hardware a100-80gb -> rtx-6000-ada"
+    )
+    assert summary["provenance"]["policy"]["params"]["trained_on"]["hardware"] == "a100-80gb"
+    same = simulate(spec.__class__(**{**spec.to_json(), "hardware": "a100-80gb"})).summary
+    assert same["policy_scope_warning"] is None

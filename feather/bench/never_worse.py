@@ -83,13 +83,23 @@ class Variant:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def variants(policy_files: dict[str, str | Path] | None = None) -> list[Variant]:
-    """feather-static, both learners learning online from scratch, and both frozen (where a
-    trained table is given)."""
+def variants(
+    policy_files: dict[str, str | Path] | None = None, hardware: str | None = None
+) -> list[Variant]:
+    """feather-static, both learners learning online from scratch, and both frozen where a
+    trained table is given. Keys are a learner (`feather-ucb`) or a learner for one device
+    (`feather-ucb@rtx-6000-ada`): a case on `hardware` deploys that device's table, or an
+    unscoped one; a table trained for another device only is not deployed (the boundary of
+    the regime where stopping pays is the device's: docs/stop.md)."""
     out = [Variant("feather-static", "feather-static")]
     out += [Variant(f"{name} (online)", name) for name in LEARNERS]
-    for name, path in sorted((policy_files or {}).items()):
-        out.append(Variant(f"{name} (frozen)", name, {"policy_file": str(path), "frozen": True}))
+    files = dict(policy_files or {})
+    for name in LEARNERS:
+        path = files.get(f"{name}@{hardware}") if hardware else None
+        path = path or files.get(name)
+        if path is not None:
+            frozen = {"policy_file": str(path), "frozen": True}
+            out.append(Variant(f"{name} (frozen)", name, frozen))
     return out
 
 
@@ -154,7 +164,7 @@ def run(
 ) -> list[dict[str, Any]]:
     results = []
     for case in cases:
-        result = compare(case, variants(policy_files))
+        result = compare(case, variants(policy_files, case.hardware))
         results.append(result)
         if progress is not None:
             worst = min(r["throughput_ratio"] for r in result["feather"].values())

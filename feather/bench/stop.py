@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from feather.bench import never_worse
 from feather.bench.never_worse import C1, NESTED, TINY, Case
 from feather.sim.run import simulate
 from feather.workloads import load_workload
@@ -64,12 +65,13 @@ def characterise(
     policy_files: dict[str, str | Path] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    variants = [("fcfs", "fcfs", {}), NO_STOP, *WITH_STOP] + [
-        (f"{name} (frozen)", name, {"policy_file": str(path), "frozen": True})
-        for name, path in sorted((policy_files or {}).items())
-    ]
     out = []
     for case in regimes:
+        variants = [("fcfs", "fcfs", {}), NO_STOP, *WITH_STOP] + [
+            (v.label, v.scheduler, v.params)
+            for v in never_worse.variants(policy_files, case.hardware)
+            if v.label.endswith("(frozen)")
+        ]
         workload = load_workload(case.workload)
         rows = {}
         for label, scheduler, params in variants:

@@ -207,6 +207,7 @@ def simulate(
     summary["oracle"] = oracle.to_json()
     summary["wall_s"] = time.perf_counter() - wall0
     summary["sched_model_fallback_for"] = sorted(sched_model.uncalibrated)
+    summary["policy_scope_warning"] = _scope_warning(spec, policy)
     summary["nvml"] = not_applicable(f"simulated run ({spec.hardware} profile), no device")
     summary["provenance"] = collect_provenance(
         config=spec.to_json(),
@@ -238,6 +239,16 @@ def simulate(
         },
     )
     return SimulationResult(spec, summary, trace, requests, result)
+
+
+def _scope_warning(spec: SimulationSpec, policy: AdmissionPolicy) -> str | None:
+    """A frozen table deployed on a device, model or kernel other than its training's."""
+    trained = getattr(policy, "trained_on", None)
+    if not trained or not getattr(policy, "frozen", False):
+        return None
+    here = {"hardware": spec.hardware, "model": spec.model, "kernel": spec.kernel}
+    differ = [f"{k} {trained.get(k)} -> {v}" for k, v in here.items() if trained.get(k) != v]
+    return f"table trained elsewhere: {', '.join(differ)}" if differ else None
 
 
 def _trace_table(result: EngineResult, splits: list[StepSplit]) -> pa.Table:

@@ -84,6 +84,12 @@ def train(
         learner, params, block_size=base.block_size, seed=seeds[0]
     )
     assert isinstance(policy, FeatherLearningPolicy)
+    policy.trained_on = {
+        "hardware": base.hardware,
+        "model": base.model,
+        "kernel": base.kernel,
+        "engine_mode": base.engine_mode,
+    }
     cache = _Workloads()
     history: list[dict[str, Any]] = []
     greedy_history: list[dict[str, str]] = []
@@ -124,6 +130,7 @@ def train(
     return {
         "learner": learner,
         "policy_file": str(path),
+        "trained_on": policy.trained_on,
         "history": history,
         "states": len(table),
         "policy": table,

@@ -169,14 +169,13 @@ def never_worse_targets():
 
 
 def never_worse_policies():
-    """The frozen tables the never-worse benchmark deploys: the rl experiment's learners,
-    trained on its first hardware (none where the experiment is off)."""
+    """The frozen tables the never-worse benchmark deploys, `learner@hardware` -> file: the rl
+    experiment's learners on every device they trained on (none where it is off)."""
     exp = EXPERIMENTS.get("rl")
     if exp is None or exp.training is None:
         return {}
-    hw = exp.training["hardware"][0]
-    return {learner: f"results/{hw}/sim/rl/{learner}/policy.json"
-            for learner in exp.training["learners"]}
+    return {f"{learner}@{hw}": f"results/{hw}/sim/rl/{learner}/policy.json"
+            for hw in exp.training["hardware"] for learner in exp.training["learners"]}
 
 
 def all_targets():
