@@ -70,6 +70,7 @@ LARGE_CASES = (
     Case("c1-shape", C1, hardware="rtx-6000-ada"),
     Case("nested-prefixes", NESTED, hardware="rtx-6000-ada"),
     Case("c1-shape-cascade", C1, kernel="cascade"),
+    Case("c1-shape-cascade", C1, hardware="rtx-6000-ada", kernel="cascade"),
     Case("tiny-groups-cascade", TINY, kernel="cascade"),
 )
 
