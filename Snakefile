@@ -5,6 +5,8 @@ import time
 
 from snakemake.utils import min_version, validate
 
+from feather.pipeline.checks import check_config_schema
+
 min_version("9.0")
 WORKFLOW_START = time.time()
 
@@ -12,7 +14,11 @@ WORKFLOW_START = time.time()
 configfile: "config.yaml"
 
 
-validate(config, "workflow/schemas/config.schema.yaml")
+check_config_schema(config, f"{workflow.basedir}/workflow/schemas/config.schema.yaml")  # one line
+validate(config, "workflow/schemas/config.schema.yaml")  # fills in the schema's defaults
+
+
+report: "workflow/report/workflow.rst"  # snakemake --report report.html: the figures, captioned
 
 
 include: "workflow/rules/common.smk"

@@ -7,6 +7,7 @@ from other users and cluster jobs).
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -22,11 +23,20 @@ def _default_mode() -> int:
     return 0o666 & ~umask
 
 
+def _remove_stale_temps(target: Path) -> None:
+    """Temp files of `target` that a killed writer left (SIGKILL, a lost node: no cleanup ran).
+
+    One writer per target at a time is assumed (Snakemake gives every output one job)."""
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
 @contextmanager
 def atomic_target(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path to write; it replaces `path` only if the block succeeds."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:

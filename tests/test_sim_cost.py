@@ -285,8 +285,10 @@ def test_hardware_registry():
     assert A100.l2_model_bytes == 20 * 2**20
     with pytest.raises(ValueError, match="known hardware: h200"):
         get_hardware("tpu")
-    with pytest.raises(ValueError, match="already registered"):
-        register_hardware(A100)
+    register_hardware(A100)  # the same profile again: nothing changes
+    with pytest.raises(ValueError, match=r"already defined with other values \(sms: 108 -> 1\)"):
+        register_hardware(dataclasses.replace(A100, sms=1))
+    assert get_hardware("a100-80gb").sms == 108
     assert isinstance(A100, HardwareProfile)
 
 

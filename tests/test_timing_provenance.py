@@ -141,3 +141,12 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path) -
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # readable like any plain file
+
+
+def test_a_write_removes_what_a_killed_writer_of_the_same_file_left(tmp_path) -> None:
+    target = tmp_path / "summary.json"
+    (tmp_path / ".summary.json.k1ll3d.tmp").write_text('{"half": ')  # SIGKILL mid-write
+    (tmp_path / ".other.json.k1ll3d.tmp").write_text("{")  # another file's: not ours to judge
+    write_json_atomic(target, {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.json.k1ll3d.tmp",
+                                                          "summary.json"]

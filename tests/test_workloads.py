@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import socket
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -169,7 +171,9 @@ def test_longbench_from_its_archive_end_to_end(tmp_path) -> None:
         raw_dir=raw,
         options=BuildOptions(**EVERYTHING),
     )
-    assert (raw / "longbench" / "data" / "qasper.jsonl").is_file()  # unpacked before loading
+    # unpacked before loading, into a folder named by the archive's SHA-256
+    digest = hashlib.sha256((tmp_path / "hub" / "data.zip").read_bytes()).hexdigest()
+    assert (raw / "longbench" / digest[:16] / "data" / "qasper.jsonl").is_file()
     summary = workload.provenance["workload"]["source_summary"]
     assert summary["qasper"] == {"documents": 3, "requests": 6, "groups_2plus": 2}
     assert summary["trec"] == {"documents": 1, "requests": 2, "groups_2plus": 1}
@@ -265,7 +269,7 @@ def test_synthetic_spread_makes_the_seed_change_the_shape() -> None:
         }
         shapes.append((sorted(sizes.values()), sorted(lengths.values())))
     assert shapes[0] != shapes[1]
-    with pytest.raises(WorkloadError, match="spread must be in"):
+    with pytest.raises(WorkloadError, match="spread=1.5: expected 0 <= spread < 1"):
         load_workload(base + ",spread=1.5")
 
 
@@ -284,7 +288,11 @@ def test_bad_input_fails_early_and_clearly(leval_dir, tmp_path, monkeypatch) -> 
     ]:
         with pytest.raises(WorkloadError, match=message):
             load_workload(spec)
-    monkeypatch.setenv("HF_ENDPOINT", "https://huggingface.invalid")
+    with socket.socket() as closed:  # a local port nothing listens on: no network touched
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     start = time.monotonic()
     with pytest.raises(DataUnavailableError, match=r"hub is unreachable.*--data-dir"):
         build("leval", tasks=["quality"], raw_dir=tmp_path)

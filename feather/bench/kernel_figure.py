@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from feather.atomic import atomic_target
+from feather.figure_style import label_points, legend_beside
 
 KERNELS = ("paged", "cascade", "pat")
 
@@ -26,10 +27,11 @@ def _source(doc: dict[str, Any], implementation: str) -> str:
 
 
 def draw(documents: Sequence[dict[str, Any]], out: Path) -> None:
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(19, 9))
     c1, c2, prefix, c7 = axes.flat
-    width = 0.8 / max(1, sum(len({r["implementation"] for r in d["summary"]["c1"]})
-                             for d in documents))
+    slots = max(1, sum(len({r["implementation"] for r in d["summary"]["c1"]}) for d in documents))
+    width = 0.8 / slots
+    middle = (slots - 1) * width / 2  # of a group of bars, one per source
     slot = 0
     for doc in documents:
         for impl in sorted({r["implementation"] for r in doc["summary"]["c1"]}):
@@ -54,9 +56,9 @@ def draw(documents: Sequence[dict[str, Any]], out: Path) -> None:
             ys = range(len(configs))
             c7.barh([y + slot * width for y in ys], [r["paged_over_pat"] for r in configs],
                     width, label=f"paged / pat, {source}")
-            c7.set_yticks(list(ys), [r["config"] for r in configs], fontsize=7)
+            c7.set_yticks([y + middle for y in ys], [r["config"] for r in configs], fontsize=7)
             slot += 1
-    c1.set_xticks(range(len(KERNELS)), KERNELS)
+    c1.set_xticks([i + middle for i in range(len(KERNELS))], KERNELS)
     c1.axhline(1, color="grey", linewidth=0.8)
     c1.set_ylabel("mixed batch time / homogeneous batch time (same size)")
     c1.set_title("C1: one homogeneous batch vs a mixed one of equal size", fontsize=10)
@@ -65,6 +67,7 @@ def draw(documents: Sequence[dict[str, Any]], out: Path) -> None:
     c2.set_title("C2: divergent requests (cascade loses its shared prefix)", fontsize=10)
     prefix.set_xscale("log")
     prefix.set_yscale("log")
+    label_points(prefix.xaxis, {x for line in prefix.get_lines() for x in line.get_xdata()})
     prefix.set_xlabel("shared prefix (tokens, log)")
     prefix.set_ylabel("kernel time (ms, log)")
     prefix.set_title("kernel time vs shared-prefix length", fontsize=10)
@@ -73,7 +76,7 @@ def draw(documents: Sequence[dict[str, Any]], out: Path) -> None:
     c7.set_title("C7: a prefix-tree kernel (PAT-style) vs the paged kernel", fontsize=10)
     for ax in axes.flat:
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        legend_beside(ax, fontsize=7)
     scale = " | ".join(f"{d.get('device_name') or d.get('device')}: {d.get('scale', '')}"
                        for d in documents)
     fig.suptitle("Decode attention at kernel level (C1, C2, C7), measured\n"

@@ -23,19 +23,29 @@ class EngineRun:
 def engine_runs(items: list[str], seed: int, repeats: int) -> list[EngineRun]:
     """`--scheduler` values (a name, or a JSON object with label/class/params) x repeats,
     interleaved: repeat 0 of every scheduler, then repeat 1, ... (drift hits all alike)."""
+    from feather.policies import check_scheduler_params
+
     specs = []
     for item in items:
         if item.lstrip().startswith("{"):
-            raw = json.loads(item)
+            try:
+                raw = json.loads(item)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--scheduler {item!r}: not valid JSON ({exc})") from None
             unknown = set(raw) - {"label", "class", "params"}
             if unknown or "label" not in raw:
                 raise ValueError(
                     f"--scheduler {item!r}: a JSON scheduler needs 'label' and may have "
                     f"'class' and 'params' (unknown: {sorted(unknown)})"
                 )
-            specs.append((raw["label"], raw.get("class", raw["label"]), raw.get("params", {})))
+            label, cls = raw["label"], raw.get("class", raw["label"])
+            if not (isinstance(label, str) and label and isinstance(cls, str) and cls):
+                raise ValueError(f"--scheduler {item!r}: label and class must be names (text)")
+            specs.append((label, cls, raw.get("params", {})))
         else:
             specs.append((item, item, {}))
+    for label, cls, params in specs:  # an unknown name or parameter fails before the engine
+        check_scheduler_params(cls, params, where=f"--scheduler {label}")
     labels = [label for label, _, _ in specs]
     if len(set(labels)) != len(labels):
         raise ValueError(f"--scheduler labels must be distinct, got {labels}")

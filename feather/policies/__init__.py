@@ -12,7 +12,9 @@ from feather.policies.base import (
     StopReason,
 )
 from feather.policies.registry import (
+    SchedulerParamError,
     UnknownSchedulerError,
+    check_scheduler_params,
     create_engine_policy,
     create_scheduler,
     create_vllm_policy,
@@ -26,11 +28,13 @@ __all__ = [
     "Decision",
     "PolicyError",
     "Request",
+    "SchedulerParamError",
     "StepContext",
     "StepOutcome",
     "StepRecord",
     "StopReason",
     "UnknownSchedulerError",
+    "check_scheduler_params",
     "create_engine_policy",
     "create_scheduler",
     "create_vllm_policy",

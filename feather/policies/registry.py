@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import PurePath
 from typing import Any
 
 from feather.policies.base import AdmissionPolicy
@@ -65,28 +70,108 @@ def resolve_scheduler(name: str) -> type[AdmissionPolicy]:
     return cls
 
 
-def create_scheduler(name: str, **params: Any) -> AdmissionPolicy:
-    """Instantiate a scheduler by name or dotted path with its parameters."""
-    cls = resolve_scheduler(name)
-    try:
-        return cls(**params)
-    except TypeError as exc:
-        raise ValueError(f"scheduler {name!r}: bad parameters {sorted(params)}: {exc}") from exc
+class SchedulerParamError(ValueError):
+    """A parameter the scheduler class does not have, or a value of the wrong type."""
 
 
-def _accepted_params(cls: type) -> set[str]:
-    """Keyword parameters a class's constructor takes, following `**kwargs` up the MRO (the
-    learners pass theirs on to FeatherPolicy, whose chunk_size must still be set)."""
-    accepted: set[str] = set()
+def scheduler_parameters(cls: type) -> dict[str, Any]:
+    """The keyword parameters a policy class accepts, with their annotations (Any where
+    none), following `**kwargs` up the class hierarchy as `super().__init__(**kwargs)` does."""
+    accepted: dict[str, Any] = {}
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
-        parameters = inspect.signature(init).parameters.values()
-        accepted |= {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
-        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        try:
+            hints = typing.get_type_hints(init)
+        except Exception:  # unresolvable annotations (e.g. TYPE_CHECKING names): unchecked
+            hints = {}
+        forwards = False
+        for param in list(inspect.signature(init).parameters.values())[1:]:
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                forwards = True
+            elif param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD):
+                accepted.setdefault(param.name, hints.get(param.name, Any))
+        if not forwards or klass is object:
             break
-    return accepted - {"self"}
+    return accepted
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON/YAML value can be passed for a parameter annotated `hint`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
+    if isinstance(hint, type) and issubclass(hint, PurePath):
+        return isinstance(value, str | PurePath)
+    if origin in (list, tuple, typing.Sequence, Sequence):
+        return isinstance(value, list | tuple) and all(
+            _fits(v, args[0]) for v in value if args and args[-1] is not Ellipsis
+        )
+    if origin in (dict, Mapping, typing.Mapping):
+        return isinstance(value, dict) and (
+            not args or all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
+        )
+    if isinstance(hint, type) and hint is not object:
+        return isinstance(value, hint)
+    return True  # Any, type variables, unresolved annotations
+
+
+def _type_name(hint: Any) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    return str(hint).replace("typing.", "").replace("collections.abc.", "")
+
+
+def check_scheduler_params(name: str, params: Mapping[str, Any], where: str = "") -> None:
+    """Every parameter is one the scheduler's class takes, with a value of its declared
+    type; checked before the engine or the workflow starts, naming only what was given
+    (`where`: the flag or config key the parameters came from)."""
+    cls = resolve_scheduler(name)
+    given = f" (given in {where})" if where else ""
+    if not isinstance(params, Mapping):
+        raise SchedulerParamError(
+            f"scheduler {name!r}: parameters{given} must be a mapping of name: value, "
+            f"got {params!r}"
+        )
+    accepted = scheduler_parameters(cls)
+    for key, value in params.items():
+        if key not in accepted:
+            raise SchedulerParamError(
+                f"scheduler {name!r} has no parameter {key!r}{given}; its parameters: "
+                f"{', '.join(accepted) or 'none'}"
+            )
+        if not _fits(value, accepted[key]):
+            raise SchedulerParamError(
+                f"scheduler {name!r}: parameter {key} = {value!r}{given}: expected "
+                f"{_type_name(accepted[key])}"
+            )
+
+
+def create_scheduler(name: str, **params: Any) -> AdmissionPolicy:
+    """Instantiate a scheduler by name or dotted path with its parameters."""
+    cls = resolve_scheduler(name)
+    check_scheduler_params(name, params)
+    try:
+        return cls(**params)
+    except (TypeError, ValueError) as exc:  # the class's own range checks
+        raise SchedulerParamError(f"scheduler {name!r}: {exc}") from exc
 
 
 def create_engine_policy(
@@ -106,7 +191,8 @@ def create_engine_policy(
     gives them. The user's `params` win for everything else; `seed` is the default seed.
     """
     params = dict(params or {})
-    accepted = _accepted_params(resolve_scheduler(name))
+    check_scheduler_params(name, params)  # the user's own, before the engine's are added
+    accepted = scheduler_parameters(resolve_scheduler(name))
     if "chunk_size" in accepted:
         params.setdefault("chunk_size", block_size)
         if params["chunk_size"] != block_size:

@@ -12,7 +12,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from feather.models import ModelProfile
+from feather.models import ModelProfile, field_differences
 
 _GIB_BYTES = 1 << 30
 _MIB_BYTES = 1 << 20
@@ -166,8 +166,14 @@ _HARDWARE: dict[str, HardwareProfile] = {}
 
 
 def register_hardware(profile: HardwareProfile) -> None:
-    if profile.name in _HARDWARE:
-        raise ValueError(f"hardware {profile.name!r} is already registered")
+    """Add a profile; an existing name may be given again only with the same values (a
+    different profile under a known name would silently change what that name means)."""
+    existing = _HARDWARE.get(profile.name)
+    if existing is not None and existing != profile:
+        raise ValueError(
+            f"hardware {profile.name!r} is already defined with other values "
+            f"({field_differences(existing, profile)}); give your profile a new name"
+        )
     _HARDWARE[profile.name] = profile
 
 

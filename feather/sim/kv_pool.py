@@ -16,6 +16,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
+from feather.memory import check_fits
+
+# The pool's bookkeeping per block: ~140 bytes measured at creation (free-queue entry,
+# reference count, hash slot), twice that once blocks hold cached hashes.
+BYTES_PER_BLOCK = 300
+
 
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -23,6 +29,7 @@ class BlockPool:
             raise ValueError(
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
+        check_fits(f"a KV pool of {num_blocks} blocks", num_blocks * BYTES_PER_BLOCK)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching

@@ -140,6 +140,8 @@ def simulate(
     model = get_model(spec.model)
     hardware = get_hardware(spec.hardware)
     workload = workload if workload is not None else load_workload(spec.workload)
+    if not workload.requests:
+        raise ValueError(f"workload {spec.workload!r} holds no requests: nothing to simulate")
     too_long = [
         r.request_id
         for r in workload.requests

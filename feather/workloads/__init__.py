@@ -68,11 +68,10 @@ def build(
     local = Path(data_dir) if data_dir is not None else None
     if local is not None and not local.is_dir():
         raise WorkloadError(f"data directory {local} does not exist")
-    cache = raw / "hf-datasets-cache"
     kwargs = {"chat": chat} if source == "longbench" else {}
     if progress:
         progress(f"loading {source} from {local or 'the HuggingFace hub'}")
-    data = loaders[source](tasks, local, raw, cache, **kwargs)
+    data = loaders[source](tasks, local, raw, **kwargs)
     tok = load_tokenizer(tokenizer)
     requests, outcome = build_workload(data, tok, options, progress=progress)
     config.update({"data_dir": str(local) if local else None, "chat": chat if kwargs else None})

@@ -6,6 +6,7 @@ every request dropped is counted by reason, never silently.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import sys
@@ -109,16 +110,21 @@ def arrival_times(spec: str, n: int, rng: random.Random) -> list[float]:
     """Arrival times (s) of n requests in order, by an arrival spec."""
     if spec == "all":
         return [0.0] * n
-    parts = spec.split(":")
+    parts = spec.split(":") if isinstance(spec, str) else [""]
     try:
-        if parts[0] == "poisson" and len(parts) == 2 and float(parts[1]) > 0:
+        if parts[0] == "poisson" and len(parts) == 2 and 0 < float(parts[1]) < math.inf:
             rate, t, out = float(parts[1]), 0.0, []
             for i in range(n):
                 if i:
                     t += rng.expovariate(rate)
                 out.append(t)
             return out
-        if parts[0] == "bursts" and len(parts) == 3 and int(parts[1]) >= 1 and float(parts[2]) >= 0:
+        if (
+            parts[0] == "bursts"
+            and len(parts) == 3
+            and int(parts[1]) >= 1
+            and 0 <= float(parts[2]) < math.inf
+        ):
             size, interval = int(parts[1]), float(parts[2])
             return [(i // size) * interval for i in range(n)]
     except ValueError:

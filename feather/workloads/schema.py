@@ -226,27 +226,119 @@ def sidecar_path(path: str | os.PathLike[str]) -> Path:
     return Path(str(path) + ".json")
 
 
+def _read_sidecar(side: Path, target: Path, actual_sha256: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WorkloadError(f"sidecar {side} is not JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise WorkloadError(f"sidecar {side} is not a JSON object")
+    if meta.get("format", "feather-workload/1") != "feather-workload/1":
+        raise WorkloadError(
+            f"sidecar {side}: format {meta['format']!r} is not 'feather-workload/1'"
+        )
+    if meta.get("parquet_sha256") not in (None, actual_sha256):
+        raise WorkloadError(f"{side} describes a different file than {target} (SHA-256 differs)")
+    for key in ("provenance", "statistics"):
+        if not isinstance(meta.get(key, {}), dict):
+            raise WorkloadError(f"sidecar {side}: {key} is not a JSON object")
+    return meta
+
+
+def _check_table(target: Path, table: pa.Table) -> pa.Table:
+    """The workload's columns with the schema's types and the invariants every reader relies
+    on; the first violation is an error naming the column and the first bad row."""
+    missing = [name for name in SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise WorkloadError(f"{target} lacks workload columns {missing}")
+    columns = {}
+    for spec in SCHEMA:
+        column = table.column(spec.name)
+        if column.null_count:
+            raise WorkloadError(f"{target}: column {spec.name} has {column.null_count} nulls")
+        try:
+            columns[spec.name] = column.cast(spec.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise WorkloadError(
+                f"{target}: column {spec.name} is {column.type}, not {spec.type} ({exc})"
+            ) from None
+    table = pa.table(columns, schema=SCHEMA)
+
+    def refuse(column: str, rows: Any, expected: str) -> None:
+        bad = np.flatnonzero(np.asarray(rows, dtype=bool))
+        if len(bad):
+            row = int(bad[0])
+            value = table.column(column)[row].as_py()
+            shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+            raise WorkloadError(
+                f"{target}: column {column}, row {row} = {shown}: expected {expected} "
+                f"({len(bad)} of {table.num_rows} rows are not)"
+            )
+
+    n = table.num_rows
+    arrival = table.column("arrival_time_s").to_numpy()
+    refuse("arrival_time_s", ~np.isfinite(arrival) | (arrival < 0), "a finite time >= 0")
+    refuse("arrival_time_s", np.r_[False, np.diff(arrival) < 0], "rows in arrival order")
+    tokens = table.column("prompt_token_ids").combine_chunks()
+    offsets = tokens.offsets.to_numpy()
+    lengths = np.diff(offsets)
+    prompt_len = table.column("prompt_len").to_numpy()
+    refuse("prompt_token_ids", lengths < 1, "at least one token")
+    refuse("prompt_len", prompt_len != lengths, "the number of prompt_token_ids")
+    negative = np.flatnonzero(tokens.values.to_numpy() < 0)
+    if len(negative):
+        row = int(np.searchsorted(offsets, negative[0], "right") - 1)
+        refuse("prompt_token_ids", np.arange(n) == row, "token ids >= 0")
+    refuse("output_len", table.column("output_len").to_numpy() < 1, "an integer >= 1")
+    ids = table.column("request_id").to_pylist()
+    refuse("request_id", [not i for i in ids], "a non-empty id")
+    first_row: dict[str, int] = {}
+    repeated = [first_row.setdefault(i, row) != row for row, i in enumerate(ids)]
+    refuse("request_id", repeated, "distinct ids")
+    paths = table.column("group_path").to_pylist()
+    levels = table.column("prefix_lens").to_pylist()
+    refuse("group_path", [not p for p in paths], "at least one group")
+    refuse(
+        "prefix_lens",
+        [len(p) != len(q) for p, q in zip(paths, levels, strict=True)],
+        "one length per group_path level",
+    )
+    refuse(
+        "prefix_lens",
+        [any(not 0 <= v <= m for v in q) for q, m in zip(levels, prompt_len.tolist(), strict=True)],
+        "lengths in 0..prompt_len",
+    )
+    shared = table.column("shared_prefix_len").to_numpy().tolist()
+    refuse(
+        "shared_prefix_len",
+        [q[-1] != v for q, v in zip(levels, shared, strict=True)],
+        "the last of prefix_lens",
+    )
+    return table
+
+
 def read_workload(path: str | os.PathLike[str]) -> Workload:
-    """A workload file written by `write_workload` (the sidecar is checked when present)."""
+    """A workload file written by `write_workload` (the sidecar is checked when present).
+
+    Everything is checked before any request is built: the Parquet file reads, its columns
+    have the schema's types and no nulls, arrival times are finite, >= 0 and in order, token
+    counts agree, request ids are distinct, group paths and prefix lengths agree; the sidecar
+    is a JSON object describing this very file. Any violation is one WorkloadError naming
+    the file, the column (or sidecar key) and the first bad row.
+    """
     target = Path(path)
     if not target.is_file():
         raise WorkloadError(f"workload file {target} does not exist")
     try:
-        table = pq.read_table(target)
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise WorkloadError(f"{target} is not a readable Parquet workload: {exc}") from exc
-    missing = [name for name in SCHEMA.names if name not in table.column_names]
-    if missing:
-        raise WorkloadError(f"{target} lacks workload columns {missing}")
-    meta: dict[str, Any] = {}
-    actual = hashlib.sha256(target.read_bytes()).hexdigest()
+        raw = target.read_bytes()
+        table = pq.read_table(pa.BufferReader(raw))
+    except (pa.ArrowException, OSError) as exc:
+        reason = " ".join(str(exc).split())
+        raise WorkloadError(f"{target} is not a readable Parquet workload: {reason}") from None
+    actual = hashlib.sha256(raw).hexdigest()
     side = sidecar_path(target)
-    if side.is_file():
-        meta = json.loads(side.read_text())
-        if meta.get("parquet_sha256") not in (None, actual):
-            raise WorkloadError(
-                f"{side} describes a different file than {target} (SHA-256 differs)"
-            )
+    meta = _read_sidecar(side, target, actual) if side.is_file() else {}
+    table = _check_table(target, table)
     tokens = table.column("prompt_token_ids").combine_chunks()
     flat = tokens.values.to_numpy()
     offsets = tokens.offsets.to_numpy()

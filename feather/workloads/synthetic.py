@@ -10,6 +10,10 @@ nothing), spread (0.0: each group's size and document length drawn uniformly wit
 +-spread of per_group and prefix - system, so the seed changes the workload's shape, not only
 its token ids and order), vocab (32000), seed (0). Token ids are uniform in [3, vocab) from a seeded
 generator, so the same spec always gives the same workload.
+
+A spec whose workload cannot fit in memory is refused before anything is allocated (the
+estimate: `BYTES_PER_TOKEN` per prompt token and `BYTES_PER_REQUEST` per request, measured
+on a build and write of such workloads; see `feather.memory`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from feather.memory import check_fits
 from feather.workloads.builder import (
     BuildOptions,
     arrival_times,
@@ -28,6 +33,13 @@ from feather.workloads.builder import (
 from feather.workloads.schema import WorkloadError, WorkloadRequest, measure_prefix_lens
 
 PREFIX = "synthetic:"
+MAX_TOKEN_ID = 2**31 - 1  # token ids are int32
+MAX_COUNT = 2**31 - 1
+# Peak memory of building and writing a synthetic workload: ~17 bytes per prompt token (the
+# int32 ids, their concatenation into the Parquet column, its encoding) and ~2.2 KB per
+# request (objects, group paths, statistics); measured with ru_maxrss, rounded up.
+BYTES_PER_TOKEN = 20
+BYTES_PER_REQUEST = 2_500
 
 
 @dataclass(frozen=True)
@@ -74,25 +86,48 @@ def parse_spec(spec: str) -> SyntheticSpec:
         except ValueError:
             raise WorkloadError(f"synthetic spec {key}={raw!r}: expected {kind}") from None
     parsed = SyntheticSpec(**values)
-    for name in ("groups", "per_group", "output", "vocab"):
-        if getattr(parsed, name) < 1:
-            raise WorkloadError(f"synthetic spec {name} must be >= 1")
-    if min(parsed.prefix, parsed.suffix, parsed.system) < 0 or parsed.system > parsed.prefix:
+    for name in ("groups", "per_group", "output"):
+        if not 1 <= getattr(parsed, name) <= MAX_COUNT:
+            raise WorkloadError(
+                f"synthetic spec {name}={getattr(parsed, name)}: expected 1..{MAX_COUNT}"
+            )
+    for name in ("prefix", "suffix", "system"):
+        if not 0 <= getattr(parsed, name) <= MAX_COUNT:
+            raise WorkloadError(
+                f"synthetic spec {name}={getattr(parsed, name)}: expected 0..{MAX_COUNT}"
+            )
+    if parsed.system > parsed.prefix:
         raise WorkloadError("synthetic spec needs 0 <= system <= prefix and suffix >= 0")
-    if parsed.vocab <= 3:
-        raise WorkloadError("synthetic spec vocab must be > 3")
+    if parsed.prefix + parsed.suffix < 1:
+        raise WorkloadError("synthetic spec prefix + suffix must be >= 1 (a prompt has a token)")
+    if not 3 < parsed.vocab <= MAX_TOKEN_ID:
+        raise WorkloadError(f"synthetic spec vocab={parsed.vocab}: expected 4..{MAX_TOKEN_ID}")
+    if not 0 <= parsed.seed < 2**63:
+        raise WorkloadError(f"synthetic spec seed={parsed.seed}: expected 0..{2**63 - 1}")
+    try:
+        _options(parsed)  # order, arrival and unshared, checked as the builder checks them
+    except WorkloadError as exc:
+        raise WorkloadError(f"synthetic spec: {exc}") from None
     if not 0.0 <= parsed.spread < 1.0:
-        raise WorkloadError("synthetic spec spread must be in [0, 1)")
+        raise WorkloadError(f"synthetic spec spread={parsed.spread}: expected 0 <= spread < 1")
     return parsed
 
 
-def build_synthetic(spec: SyntheticSpec) -> list[WorkloadRequest]:
-    options = BuildOptions(
-        order=spec.order,
-        arrival=spec.arrival,  # validates both
-        unshared_fraction=spec.unshared,
-        seed=spec.seed,
+def _options(spec: SyntheticSpec) -> BuildOptions:
+    return BuildOptions(
+        order=spec.order, arrival=spec.arrival, unshared_fraction=spec.unshared, seed=spec.seed
     )
+
+
+def estimated_bytes(spec: SyntheticSpec) -> int:
+    """Peak memory of building the spec's workload (see BYTES_PER_TOKEN)."""
+    requests = spec.groups * spec.per_group
+    return requests * ((spec.prefix + spec.suffix) * BYTES_PER_TOKEN + BYTES_PER_REQUEST)
+
+
+def build_synthetic(spec: SyntheticSpec) -> list[WorkloadRequest]:
+    check_fits(f"synthetic spec {spec.canonical()!r}", estimated_bytes(spec))
+    options = _options(spec)
     rng = np.random.Generator(np.random.PCG64(spec.seed))
     system = rng.integers(3, spec.vocab, size=spec.system, dtype=np.int32)
     shape = random.Random(f"{spec.seed}:spread")  # its own stream: spread=0 changes nothing

@@ -6,7 +6,7 @@ rule aggregate:
         summaries=summary_paths() + config.get("extra_runs", []),
     output:
         parquet="results/summary.parquet",
-        csv="results/summary.csv",
+        csv=report("results/summary.csv", caption="../report/summary.rst", category="Tables"),
     log:
         "logs/aggregate.log",
     run:

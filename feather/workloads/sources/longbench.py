@@ -16,11 +16,17 @@ raw-data directory before loading - `zip://` paths do not work offline.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
-from feather.workloads.hub import download
+from feather.workloads.hub import download, file_provenance
+from feather.workloads.schema import WorkloadError
 from feather.workloads.sources.base import (
+    STRING,
+    STRINGS,
     DataUnavailableError,
     GroupsByDocument,
     PromptGroup,
@@ -28,10 +34,11 @@ from feather.workloads.sources.base import (
     UnknownTaskError,
     file_record,
     find_task_file,
-    load_jsonl_with_datasets,
+    read_jsonl,
 )
 
 HUB_REPO = "THUDM/LongBench"
+RECORD_FIELDS = {"context": STRING, "input": STRING, "answers": STRINGS}
 
 # LongBench's config/dataset2prompt.json (v1), kept as data beside this module.
 TEMPLATES: dict[str, str] = json.loads(
@@ -61,58 +68,104 @@ def _base(task: str) -> str:
 
 
 def unpack_zip(archive: Path, dest: Path) -> Path:
-    """Extract a LongBench data.zip into dest (refusing members that escape it)."""
+    """Extract a LongBench data.zip into dest (refusing members that escape it, and archives
+    that are not zip files or would not fit on the disk)."""
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
-    with zipfile.ZipFile(archive) as zf:
-        for member in zf.infolist():
-            target = (dest / member.filename).resolve()
-            if not target.is_relative_to(root):
-                raise DataUnavailableError(f"{archive}: member {member.filename!r} escapes {dest}")
-        zf.extractall(dest)
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            members = zf.infolist()
+            for member in members:
+                target = (dest / member.filename).resolve()
+                if not target.is_relative_to(root):
+                    raise DataUnavailableError(
+                        f"{archive}: member {member.filename!r} escapes {dest}"
+                    )
+            needed = sum(m.file_size for m in members)
+            free = shutil.disk_usage(dest).free
+            if needed > free:
+                raise DataUnavailableError(
+                    f"{archive} unpacks to {needed} bytes, more than the {free} free in {dest}"
+                )
+            zf.extractall(dest)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
+        raise WorkloadError(
+            f"LongBench archive {archive} is not a readable zip file ({exc})"
+        ) from None
     return dest
 
 
+def _unpacked(archive: Path, raw_dir: Path) -> Path:
+    """The archive's members, unpacked once into a folder named by its SHA-256 (whole or not
+    at all: unpacked beside it, then renamed), so a changed archive is never mixed with an
+    older one's files."""
+    digest = file_record(archive)["sha256"]
+    folder = raw_dir / "longbench" / digest[:16]
+    if not folder.is_dir():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            unpack_zip(archive, staging)
+            staging.rename(folder)
+        except OSError:
+            if not folder.is_dir():  # not a concurrent job that unpacked it first
+                raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def _check_member(archive: Path, folder: Path, path: Path) -> None:
+    """An unpacked file is still its archive member (size and CRC-32)."""
+    name = path.relative_to(folder).as_posix()
+    with zipfile.ZipFile(archive) as zf:
+        info = zf.getinfo(name)
+    crc = 0
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            crc = zlib.crc32(block, crc)
+    if path.stat().st_size != info.file_size or crc != info.CRC:
+        raise DataUnavailableError(
+            f"{path} differs from member {name} of {archive} (altered after unpacking); "
+            f"delete {folder} to unpack it again"
+        )
+
+
 def _locate(tasks: list[str], data_dir: Path | None, raw_dir: Path) -> tuple[dict[str, Path], list]:
-    """Each task's jsonl, unpacking data.zip (local or downloaded) where needed."""
-    unpacked = raw_dir / "longbench"
-    records = []
-    search = [d for d in (data_dir, unpacked) if d is not None and d.exists()]
-    files = {
-        t: f
-        for t in tasks
-        if (f := next(filter(None, (find_task_file(d, t) for d in search)), None))
-    }
-    if len(files) < len(tasks):
-        archives = sorted(data_dir.rglob("data.zip")) if data_dir is not None else []
-        if archives:
-            archive = archives[0]
-        elif data_dir is not None:
+    """Each task's jsonl: in the local directory, else in its data.zip (local, or downloaded
+    from the hub and checked against the hub on every build), unpacked."""
+    files: dict[str, Path] = {}
+    if data_dir is not None:
+        files = {t: f for t in tasks if (f := find_task_file(data_dir, t)) is not None}
+        if len(files) == len(tasks):
+            return files, []
+        archives = sorted(data_dir.rglob("data.zip"))
+        if not archives:
             missing = [t for t in tasks if t not in files]
             raise DataUnavailableError(
                 f"LongBench task(s) {', '.join(missing)}: no <task>.jsonl and no data.zip "
                 f"below {data_dir}"
             )
-        else:
-            archive = download(
-                HUB_REPO, "data.zip", raw_dir / "longbench-zip", what="LongBench data.zip"
-            )
-        records.append(file_record(archive))
-        unpack_zip(archive, unpacked)
-        for task in tasks:
-            if task not in files:
-                found = find_task_file(unpacked, task)
-                if found is None:
-                    raise DataUnavailableError(f"LongBench task {task!r}: not in {archive}")
-                files[task] = found
-    return files, records
+        archive = archives[0]
+    else:
+        archive = download(
+            HUB_REPO, "data.zip", raw_dir / "longbench-zip", what="LongBench data.zip"
+        )
+    folder = _unpacked(archive, raw_dir)
+    for task in tasks:
+        if task not in files:
+            found = find_task_file(folder, task)
+            if found is None:
+                raise DataUnavailableError(f"LongBench task {task!r}: not in {archive}")
+            _check_member(archive, folder, found)
+            files[task] = found
+    return files, [file_provenance(archive)]
 
 
 def load_longbench(
     tasks: list[str] | None,
     data_dir: Path | None,
     raw_dir: Path,
-    cache_dir: Path | None = None,
     chat: str = "vicuna",
 ) -> SourceData:
     """Prompt groups of the chosen LongBench tasks (default: the 21 LongBench tasks)."""
@@ -132,7 +185,8 @@ def load_longbench(
         head, tail_template = TEMPLATES[base].split("{context}")
         wrapped = chat == "vicuna" and base not in NO_CHAT
         by_context = GroupsByDocument()
-        for record in load_jsonl_with_datasets(files[task], cache_dir):
+        records = read_jsonl(files[task], f"LongBench {task}", RECORD_FIELDS)
+        for record in records:
             context = record.get("context") or ""
             if not context.strip():
                 data.dropped["empty_documents"] += 1

@@ -1,0 +1,266 @@
+"""Every figure the suite draws is readable: each figure function, drawn on a small table shaped
+like the default run's (tests/figure_tables.py), saves a figure in which no tick labels
+collide, no legend covers data or text, and every text stays inside the figure - the rules of
+tests/figure_layout.py, checked in the state the figure is saved in. First, the checker itself
+must flag deliberately bad figures and pass a clean one.
+
+A figure registered later (feather/pipeline/figures.py's FIGURES) is checked here as soon as a
+default experiment names it; its table comes from the experiment's own runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pytest
+from figure_layout import SavedFigure, assert_readable, checked_saves, layout_problems
+from figure_tables import (
+    default_experiments,
+    kernel_document,
+    meta,
+    overhead_inputs,
+    rl_reports,
+    summary_table,
+)
+from matplotlib.ticker import NullFormatter
+
+from feather.atomic import atomic_target
+from feather.bench import kernel_figure
+from feather.overhead import figures as overhead_figures
+from feather.pipeline.figures import FIGURES
+
+PACKAGE = Path(__file__).resolve().parents[1] / "feather"
+
+
+def kinds(fig: plt.Figure) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for problem in layout_problems(fig):
+        found.setdefault(problem.kind, []).append(problem.what)
+    plt.close(fig)
+    return found
+
+
+def only_save(draw: Callable[[Path], Any], tmp_path: Path) -> SavedFigure:
+    with checked_saves() as saved:
+        draw(tmp_path / "figure.png")
+    assert len(saved) == 1, [s.path for s in saved]
+    return saved[0]
+
+
+def readable(saved: SavedFigure, name: str) -> None:
+    assert not saved.problems, f"{name} is not readable:\n  " + "\n  ".join(
+        map(str, saved.problems)
+    )
+
+
+# ---- the checker ---------------------------------------------------------------------------
+
+
+def test_the_checker_flags_minor_log_labels_colliding() -> None:
+    """C1's axis as it was: batch sizes 25-800 on matplotlib's default log labels."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.0))
+    sizes = [25, 50, 100, 200, 400, 800]
+    ax.plot(sizes, [1, 2, 3, 4, 5, 6], marker="o")
+    ax.set_xscale("log")
+    found = kinds(fig)
+    assert set(found) == {"ticks"}, found
+    assert any("'3x10^1' overlaps" in w and "'4x10^1'" in w for w in found["ticks"]), found
+
+
+def test_the_checker_flags_long_labels_colliding_on_one_axis() -> None:
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.bar(range(5), [1, 2, 3, 4, 5])
+    ax.set_xticks(range(5), [f"a long category name {i}" for i in range(5)])
+    fig.tight_layout()
+    found = kinds(fig)["ticks"]
+    for i in range(4):  # each label against its neighbour (and more)
+        assert any(f"name {i}' overlaps" in w and f"name {i + 1}'" in w for w in found), found
+
+
+def test_the_checker_flags_a_legend_on_the_bars() -> None:
+    """rl_policies as it was: a legend of long entries over the held-out bars."""
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.bar([0, 1], [1.0, 1.05], label="groups=8,per_group=100,prefix=4000,suffix=100")
+    ax.axhline(1.0, color="grey", ls="--")
+    ax.legend(loc="upper center")
+    fig.tight_layout()
+    found = kinds(fig)
+    assert set(found) == {"legend-data"}, found
+    assert "rectangle" in found["legend-data"][0]
+
+
+def test_the_checker_flags_a_line_or_markers_under_a_legend() -> None:
+    # a segment crossing the legend with both its vertices outside it
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot([0, 10], [0, 10], label="diagonal")
+    ax.legend(loc="center")
+    assert "line 'diagonal'" in kinds(fig)["legend-data"][0]
+    # markers only (no line between them): the one in the middle is under the legend
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot([0, 5, 10], [0, 5, 10], ls="none", marker="o", label="points")
+    ax.legend(loc="center")
+    assert "line 'points'" in kinds(fig)["legend-data"][0]
+    # scatter markers and error bars count too
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.scatter([0, 5, 10], [0, 5, 10], label="scatter")
+    ax.errorbar([0, 10], [10, 0], yerr=1, ls="none", label="bars")
+    ax.legend(loc="center")
+    assert "PathCollection 'scatter'" in kinds(fig)["legend-data"][0]
+
+
+def test_the_checker_flags_a_legend_reaching_into_the_next_axes() -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax in axes:
+        ax.bar([0, 1, 2], [3, 3, 3], label="a bar label long enough to reach across")
+        ax.set_ylabel("throughput")
+    axes[0].legend(loc="upper left", bbox_to_anchor=(1.02, 1))  # beside, but no room made
+    found = kinds(fig)
+    assert any("axes 0 legend covers axes 1" in w for w in found["legend-data"]), found
+    assert any("axes 1 y tick label" in w and "axes 0 legend" in w for w in found["text"]), found
+
+
+def test_the_checker_flags_titles_across_subplots_and_text_outside() -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+    for ax in axes:
+        ax.set_title("a title much too long for half of a six-inch figure")
+    fig.suptitle("a figure title that is longer than the whole figure is wide: " * 2)
+    found = kinds(fig)
+    assert any("axes 0" in w and "axes 1" in w and "title" in w for w in found["text"]), found
+    assert any("figure text" in w for w in found["outside"]), found
+
+
+def test_the_checker_passes_a_clean_figure() -> None:
+    """The fixes' patterns: legend beside, sweep points on the log axis, rotated labels that
+    are apart although their axis-aligned boxes overlap, a reference line under the legend."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    sizes = [25, 50, 100, 200, 400, 800]
+    axes[0].plot(sizes, sizes, marker="o", label="homogeneous")
+    axes[0].set_xscale("log")
+    axes[0].set_xticks(sizes, [str(s) for s in sizes])
+    axes[0].xaxis.set_minor_formatter(NullFormatter())
+    axes[0].axhline(400, color="grey", ls="--")
+    axes[0].legend(loc="upper left")  # the line passes below it, the axhline through it
+    names = [f"feather-static + kernel {i}" for i in range(6)]
+    axes[1].bar(names, range(1, 7), label="throughput")
+    axes[1].tick_params(axis="x", rotation=30)
+    axes[1].legend(title="setup", loc="upper left", bbox_to_anchor=(1.02, 1))
+    fig.suptitle("clean")
+    fig.tight_layout()
+    assert_readable(fig)
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in axes[1].get_xticklabels()]
+    assert any(a.overlaps(b) for a, b in itertools.pairwise(boxes))
+    plt.close(fig)
+
+
+def test_checked_saves_checks_each_figure_as_it_is_saved(tmp_path: Path) -> None:
+    def draw(path: Path) -> None:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        ax.bar([0, 1], [1, 1], label="bars")
+        ax.legend(loc="center")
+        with atomic_target(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+        plt.close(fig)
+
+    saved = only_save(draw, tmp_path)
+    assert [p.kind for p in saved.problems] == ["legend-data"]
+    assert (tmp_path / "figure.png").stat().st_size > 0  # and the figure is still saved
+
+
+# ---- the figures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(
+    scope="module",
+    params=[{}, {"hardware": ["a100-80gb"]}],
+    ids=["default config", "one hardware profile"],  # a panel per profile: 2 or 1
+)
+def experiments(request):
+    return default_experiments(**request.param)
+
+
+@pytest.fixture(scope="module")
+def table(experiments):
+    return summary_table(experiments)
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_pipeline_figure_is_readable(name: str, experiments, table, tmp_path: Path) -> None:
+    experiment = next((e for e in experiments.values() if name in e.figures), None)
+    assert experiment is not None, f"no default experiment draws {name}"
+    data = rl_reports(experiment) if name == "rl_policies" else table
+    readable(only_save(lambda out: FIGURES[name](data, out, meta(experiment)), tmp_path), name)
+
+
+OVERHEAD = {
+    "overhead_vs_prefix": lambda inputs, out: overhead_figures.vs_prefix(inputs[0], out),
+    "overhead_vs_waiting": lambda inputs, out: overhead_figures.vs_waiting(inputs[0], out),
+    "overhead_speedup": lambda inputs, out: overhead_figures.speedup(inputs[1], out),
+    "overhead_fraction": lambda inputs, out: overhead_figures.fraction(inputs[2], out),
+}
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    return overhead_inputs("default")
+
+
+def test_every_overhead_figure_is_checked() -> None:
+    assert set(OVERHEAD) == set(overhead_figures.FIGURES)
+
+
+@pytest.mark.parametrize("name", sorted(OVERHEAD))
+def test_overhead_figure_is_readable(name: str, overhead, tmp_path: Path) -> None:
+    readable(only_save(lambda out: OVERHEAD[name](overhead, out), tmp_path), name)
+
+
+def test_kernel_figure_is_readable(tmp_path: Path) -> None:
+    """This CPU's results and, beside them, a GPU's (torch and Triton) as gpu/kernels.sh
+    makes them: three sources in every panel."""
+    documents = [
+        kernel_document("cpu", "Intel(R) Xeon(R) Processor, torch threads: 1", ["torch"]),
+        kernel_document("cuda", "NVIDIA H200", ["torch", "triton"]),
+    ]
+    readable(only_save(lambda out: kernel_figure.draw(documents, out), tmp_path), "kernels")
+
+
+def test_every_module_that_saves_a_figure_is_checked_here() -> None:
+    """A new module drawing figures needs its test above (then add it to this list)."""
+    saving = {
+        path.relative_to(PACKAGE.parent).as_posix()
+        for path in PACKAGE.rglob("*.py")
+        if any(
+            isinstance(node, ast.Attribute) and node.attr == "savefig"
+            for node in ast.walk(ast.parse(path.read_text()))
+        )
+    }
+    assert saving == {
+        "feather/pipeline/figures.py",
+        "feather/overhead/figures.py",
+        "feather/bench/kernel_figure.py",
+    }
+
+
+def test_every_figure_an_experiment_names_is_registered() -> None:
+    """An experiment file naming a figure no function draws fails here, not after an hour of
+    simulation in the pipeline's last rule."""
+    import yaml
+
+    drawn = set(FIGURES) | set(OVERHEAD)
+    tests = Path(__file__).resolve().parent
+    for path in [*(PACKAGE.parent / "experiments").glob("*.yaml"),
+                 *(tests / "fixtures" / "tiny_experiments").glob("*.yaml")]:
+        spec = yaml.safe_load(path.read_text())
+        named = spec.get("figure", spec.get("figures"))
+        names = [named] if isinstance(named, str) else list(named or [])
+        assert names, f"{path} names no figure"
+        missing = sorted(set(names) - drawn)
+        assert not missing, f"{path.name} names figures nothing draws: {missing}"
