@@ -35,6 +35,17 @@ the hanging subtrees below y, or one ending at y itself (missing 0). So:
   nothing with the working set) is kept beside it, so the best request that shares
   *something* is available on its own (`best_sharing`; the Feather policies need it).
 
+Two candidate orders (`order=`), the same aggregates with a different key:
+
+- `fewest-missing` (the paper's heap key): a request's key is its missing count, ties by
+  arrival. Among requests attached at one working-set node the missing count differs only by
+  their own length, so this order is also shortest-prompt-first.
+- `deepest`: the request sharing the deepest prefix with the working set, ties by arrival.
+  Requests attached at one node keep their arrival order, so where arrival order already keeps
+  prefix groups together (a grouped workload) the tree offers what FCFS would. Keys: `sub` and
+  the child heaps compare arrival only, `att` is the oldest attached request, and the global
+  heap orders working-set nodes by depth (deepest first).
+
 An operation recomputes these along one path (stopping where nothing changed) and for the
 nodes that enter or leave the working set: amortised O(path x log W) with lazy deletion from
 the heaps (an entry is live while its stamp matches; dead entries are compacted away once they
@@ -140,13 +151,23 @@ class _Request:
         self.epoch = 0  # bumped each time it starts waiting: older heap entries are dead
 
 
-class ChunkedHashTree:
-    """Waiting and active requests over a compressed trie of cumulative chunk hashes."""
+ORDERS = ("fewest-missing", "deepest")
 
-    def __init__(self, chunk_size: int = 16) -> None:
+
+class ChunkedHashTree:
+    """Waiting and active requests over a compressed trie of cumulative chunk hashes.
+
+    `order`: how `best()` / `best_sharing()` rank waiting requests (see the module docstring).
+    """
+
+    def __init__(self, chunk_size: int = 16, order: str = "fewest-missing") -> None:
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        if order not in ORDERS:
+            raise ValueError(f"unknown candidate order {order!r}; orders: {', '.join(ORDERS)}")
         self.chunk_size = chunk_size
+        self.order = order
+        self._by_depth = order == "deepest"
         self._root = _Node(None, [], 0, 0, 0)
         self._requests: dict[RequestId, _Request] = {}
         self._active: dict[RequestId, _Request] = {}
@@ -255,21 +276,30 @@ class ChunkedHashTree:
 
     # ---- queries -------------------------------------------------------------------------
     def best(self) -> tuple[RequestId, int] | None:
-        """The waiting request with the fewest chunks missing from the working set.
-
-        Ties go to the earliest-added request. Returns (req_id, missing) or None.
+        """The waiting request first in the tree's order: by default the one with the fewest
+        chunks missing from the working set; with order="deepest" the one sharing the deepest
+        prefix with it. Ties go to the earliest-added request. Returns (req_id, missing) or None.
         """
-        sharing = self._top_attached()
+        top = self._top_attached()
         apart = self._root.att
-        if sharing is None and apart is None:
+        if top is None and apart is None:
             return None
-        top = sharing if apart is None or (sharing is not None and sharing < apart) else apart
-        return top[2].req_id, top[0]
+        if top is not None:
+            sharing_key = (top[1], top[0][1])
+            apart_key = (0 if self._by_depth else apart[0], apart[1]) if apart else None
+            if apart_key is None or sharing_key < apart_key:
+                return self._answer(top[0], top[2])
+        return self._answer(apart, self._root)
 
     def best_sharing(self) -> tuple[RequestId, int] | None:
         """Like `best`, among waiting requests sharing at least one chunk with the working set."""
         top = self._top_attached()
-        return None if top is None else (top[2].req_id, top[0])
+        return None if top is None else self._answer(top[0], top[2])
+
+    @staticmethod
+    def _answer(att: tuple[int, int, _Request], node: _Node) -> tuple[RequestId, int]:
+        req = att[2]
+        return req.req_id, req.n - node.end
 
     def oldest(self) -> RequestId | None:
         """The earliest-added waiting request (preempted requests keep their place)."""
@@ -502,7 +532,7 @@ class ChunkedHashTree:
         own = x.own
         while own and (own[0][2].state != _WAITING or own[0][2].epoch != own[0][1]):
             heapq.heappop(own)
-        best = (x.end, own[0][0], own[0][2]) if own else None
+        best = (0 if self._by_depth else x.end, own[0][0], own[0][2]) if own else None
         kids = x.kids_all
         while kids:
             n, seq, stamp, child = kids[0]
@@ -523,9 +553,9 @@ class ChunkedHashTree:
         own = y.own
         while own and (own[0][2].state != _WAITING or own[0][2].epoch != own[0][1]):
             heapq.heappop(own)
-        best = (0, own[0][0], own[0][2]) if own else None  # missing 0: nothing beats it
+        best = (0, own[0][0], own[0][2]) if own else None  # missing 0 (or depth y.end)
         kids = y.kids_out
-        while best is None and kids:
+        while kids:
             n, seq, stamp, child = kids[0]
             if (
                 child.alive
@@ -533,9 +563,13 @@ class ChunkedHashTree:
                 and child.sub_stamp == stamp
                 and child.n_active == 0
             ):
-                best = (n - y.end, seq, child.sub[2])
-            else:
-                heapq.heappop(kids)
+                if self._by_depth:  # same depth as y's own: the older one
+                    if best is None or seq < best[1]:
+                        best = (0, seq, child.sub[2])
+                elif best is None:  # own requests (missing 0) beat every hanging one
+                    best = (n - y.end, seq, child.sub[2])
+                break
+            heapq.heappop(kids)
         if best == y.att:
             return
         y.att = best
@@ -544,7 +578,8 @@ class ChunkedHashTree:
         self._stamps += 1
         y.att_stamp = self._stamps
         if best is not None:
-            heapq.heappush(self._attached, (best[0], best[1], self._stamps, y))
+            key = -y.end if self._by_depth else best[0]
+            heapq.heappush(self._attached, (key, best[1], self._stamps, y))
             if len(self._attached) > 2 * len(self._requests) + 64:
                 self._attached[:] = [
                     e
@@ -553,12 +588,13 @@ class ChunkedHashTree:
                 ]
                 heapq.heapify(self._attached)
 
-    def _top_attached(self) -> tuple[int, int, _Request] | None:
+    def _top_attached(self) -> tuple[tuple[int, int, _Request], int, _Node] | None:
+        """(att, heap key, node) of the first live working-set node in the global heap."""
         heap = self._attached
         while heap:
-            _, _, stamp, node = heap[0]
+            key, _, stamp, node = heap[0]
             if node.alive and node.n_active and node.att_stamp == stamp:
-                return node.att
+                return node.att, key, node
             heapq.heappop(heap)
         return None
 

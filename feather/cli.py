@@ -97,6 +97,81 @@ def _cmd_bench_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_never_worse(args: argparse.Namespace) -> int:
+    from feather.atomic import write_json_atomic
+    from feather.bench import never_worse as nw
+    from feather.provenance import collect_provenance
+
+    policy_files = {}
+    for item in args.policy or []:
+        name, sep, path = item.partition("=")
+        if not sep or name.partition("@")[0] not in nw.LEARNERS:
+            raise SystemExit(
+                f"--policy {item!r}: expected {nw.LEARNERS[0]}[@HARDWARE]=FILE (or qlearn)"
+            )
+        policy_files[name] = path
+    progress = None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True)
+    cases = nw.LARGE_CASES if args.cases == "large" else ()
+    results = nw.run(cases, policy_files, progress)
+    pipeline = []
+    if args.summary:
+        import pandas as pd
+
+        pipeline = nw.from_summary(pd.read_parquet(args.summary))
+    everything = [*results, *pipeline]
+    broken = [v for r in everything for v in nw.violations(r)]
+    report = {
+        "benchmark": "never-worse",
+        "throughput_floor": nw.THROUGHPUT_FLOOR,
+        "latency_ceiling": nw.LATENCY_CEILING,
+        "minimum_by_policy": nw.minimum_by_policy(everything),
+        "holds": not broken,
+        "violations": broken,
+        "cases": results,
+        "pipeline": pipeline,
+        "provenance": collect_provenance(
+            config={k: v for k, v in vars(args).items() if k != "func"},
+            seed=None,
+            extra={"engine": {"name": "sim"}},
+        ),
+    }
+    if args.out:
+        write_json_atomic(args.out, report)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(nw.format_table(results))
+        for label, row in report["minimum_by_policy"].items():
+            print(f"{label:<24} min {row['min_throughput_ratio']:.3f}x FCFS at {row.get('where')}")
+        print("holds" if report["holds"] else "VIOLATED: " + "; ".join(broken))
+    return 0
+
+
+def _cmd_bench_stop(args: argparse.Namespace) -> int:
+    from feather.atomic import write_json_atomic
+    from feather.bench import stop
+    from feather.provenance import collect_provenance
+
+    policy_files = dict(item.partition("=")[::2] for item in args.policy or [])
+    progress = None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True)
+    results = stop.characterise(stop.REGIMES, policy_files, progress)
+    if args.out:
+        write_json_atomic(
+            args.out,
+            {
+                "benchmark": "stop",
+                "regimes": results,
+                "provenance": collect_provenance(
+                    config={k: v for k, v in vars(args).items() if k != "func"},
+                    seed=None,
+                    extra={"engine": {"name": "sim"}},
+                ),
+            },
+        )
+    print(json.dumps(results, indent=2) if args.json else stop.format_table(results))
+    return 0
+
+
 def _cmd_bench_kernels(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -385,6 +460,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         model=args.model,
         kernel=args.kernel,
         engine_mode=args.engine_mode,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
     )
     params = _parse_params(args.param, args.learner)
     trained = train(
@@ -398,7 +477,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     )
     from feather.provenance import collect_provenance
 
-    report = {"hardware": args.hardware, "model": args.model, "training": trained}
+    report = {
+        "hardware": args.hardware,
+        "model": args.model,
+        "kernel": args.kernel,
+        "engine_mode": args.engine_mode,
+        "training": trained,
+    }
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     report["provenance"] = collect_provenance(
         config=settings, seed=None, extra={"engine": {"name": "sim"}}
@@ -410,6 +495,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             base,
             args.eval_workload,
             args.eval_seeds,
+            params=params,
         )
     print(json.dumps(report, indent=2))
     return 0
@@ -483,6 +569,36 @@ def build_parser() -> argparse.ArgumentParser:
     bsim.add_argument("--json", action="store_true")
     bsim.add_argument("--quiet", action="store_true")
     bsim.set_defaults(func=_cmd_bench_sim)
+    bnw = benches.add_parser(
+        "never-worse",
+        help="every Feather policy against FCFS (throughput, latency below saturation)",
+    )
+    bnw.add_argument(
+        "--policy",
+        action="append",
+        metavar="LEARNER[@HARDWARE]=FILE",
+        help="a trained table to run frozen (on HARDWARE's cases only, where given), e.g. "
+        "feather-ucb@a100-80gb=results/a100-80gb/sim/rl/feather-ucb/policy.json",
+    )
+    bnw.add_argument(
+        "--cases",
+        choices=["large", "none"],
+        default="large",
+        help="large: the pipeline-scale synthetic cases; none: only --summary",
+    )
+    bnw.add_argument("--summary", help="results/summary.parquet: add every setting it holds")
+    bnw.add_argument("--out", help="write the report here (JSON)")
+    bnw.add_argument("--json", action="store_true")
+    bnw.add_argument("--quiet", action="store_true")
+    bnw.set_defaults(func=_cmd_bench_never_worse)
+    bstop = benches.add_parser(
+        "stop", help="when stopping batch formation beats adding: regimes x STOP variants"
+    )
+    bstop.add_argument("--policy", action="append", metavar="LEARNER=FILE")
+    bstop.add_argument("--out", help="write the table here (JSON)")
+    bstop.add_argument("--json", action="store_true")
+    bstop.add_argument("--quiet", action="store_true")
+    bstop.set_defaults(func=_cmd_bench_stop)
     bkern = benches.add_parser(
         "kernels", help="decode attention: paged vs cascade vs pat, timed (C1, C2, C7)"
     )
@@ -681,12 +797,16 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="held-out workload for the frozen-policy evaluation, repeatable",
     )
-    tr.add_argument("--eval-seeds", type=seeds, default=[100, 101])
+    tr.add_argument("--eval-seeds", type=seeds, default=[100, 101, 102])
     tr.add_argument("--param", action="append", metavar="KEY=VALUE", help="learner parameter")
     tr.add_argument("--hardware", required=True)
     tr.add_argument("--model", required=True)
     tr.add_argument("--kernel", choices=["paged", "cascade", "pat"], default="paged")
     tr.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
+    tr.add_argument("--max-num-seqs", type=int, default=256)
+    tr.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    tr.add_argument("--num-blocks", type=int, help="KV blocks (default: the device's memory)")
+    tr.add_argument("--block-size", type=int, default=16)
     tr.add_argument("--out", required=True, help="the trained policy's JSON file")
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(func=_cmd_train)

@@ -154,17 +154,28 @@ def summary_table(experiments: dict[str, Experiment]) -> pd.DataFrame:
 
 
 def rl_reports(experiment: Experiment) -> list[dict[str, Any]]:
-    """Training reports as `feather train` writes them (feather/sim/training.py)."""
+    """Training reports as `feather train` writes them (feather/sim/training.py): seed-major
+    history with the ratio to feather-static, the greedy table with visits, convergence."""
     training = experiment.training or {}
     reports = []
     for learner in training["learners"]:
         for hardware in training["hardware"]:
             rng = _rng("rl", learner, hardware)
-            trained = [(w, s) for w in training["train_workloads"] for s in training["train_seeds"]]
+            trained = [(w, s) for s in training["train_seeds"] for w in training["train_workloads"]]
             history = [
-                {"workload": w, "seed": s, "output_tok_s": 2000 + 300 * i + rng.normal(0, 80)}
+                {"run": i + 1, "workload": w, "seed": s,
+                 "output_tok_s": 2000 + 300 * i + rng.normal(0, 80),
+                 "ratio_to_static": float(min(1.0, 0.8 + 0.05 * i + rng.normal(0, 0.02)))}
                 for i, (w, s) in enumerate(trained)
             ]
+            policy = {
+                f"b{b}|d{d}|w{w}": {
+                    "action": "STOP" if (b + d + w) % 3 == 0 else "ADD",
+                    "visits": {"ADD": int(rng.integers(1, 5000)),
+                               "STOP": int(rng.integers(0, 900))},
+                }
+                for b in range(2) for d in range(2) for w in range(2)
+            }
             runs = [
                 {"workload": w, "seed": s, "ratio": float(rng.uniform(0.9, 1.15))}
                 for w in training["eval_workloads"]
@@ -172,7 +183,13 @@ def rl_reports(experiment: Experiment) -> list[dict[str, Any]]:
             ]
             reports.append({
                 "hardware": hardware,
-                "training": {"learner": learner, "history": history},
+                "kernel": training.get("kernel", "paged"),
+                "training": {
+                    "learner": learner, "history": history, "policy": policy,
+                    "convergence": {"k": 3, "runs": len(history), "stable_runs": 3,
+                                    "last_change_run": max(1, len(history) - 3),
+                                    "converged": True},
+                },
                 "evaluation": {"learner": learner, "runs": runs},
             })
     return reports

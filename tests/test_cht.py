@@ -16,8 +16,9 @@ CHUNK = 2
 class Reference:
     """The definitions, computed by scanning every request (what the CHT must equal)."""
 
-    def __init__(self, chunk_size: int) -> None:
+    def __init__(self, chunk_size: int, order: str = "fewest-missing") -> None:
         self.chunk_size = chunk_size
+        self.order = order
         self.chunks: dict[int, list] = {}
         self.seq: dict[int, int] = {}
         self.active: set[int] = set()
@@ -42,14 +43,19 @@ class Reference:
     def best(self, sharing_only: bool = False):
         ws = self.working_set()
         options = [
-            (self.missing(r), self.seq[r], r)
+            # deepest: most chunks in the working set first (it is prefix-closed, so that is
+            # the depth of the shared prefix), then arrival
+            ((-sum(h in ws for h in self.chunks[r]),) if self.order == "deepest" else ())
+            + (self.missing(r), self.seq[r], r)
             for r in self.waiting()
             if not sharing_only or any(h in ws for h in self.chunks[r])
         ]
+        if self.order == "deepest":
+            options = [(o[0], o[2], o[1], o[3]) for o in options]  # depth, arrival
         if not options:
             return None
-        missing, _, rid = min(options)
-        return rid, missing
+        *_, rid = min(options)
+        return rid, self.missing(rid)
 
     @staticmethod
     def common(lists: list[list]) -> int:
@@ -93,10 +99,12 @@ class CHTMachine(RuleBasedStateMachine):
     get. The invariants check every cache and every lazy heap without touching them.
     """
 
+    order = "fewest-missing"
+
     def __init__(self) -> None:
         super().__init__()
-        self.tree = ChunkedHashTree(chunk_size=CHUNK)
-        self.ref = Reference(CHUNK)
+        self.tree = ChunkedHashTree(chunk_size=CHUNK, order=self.order)
+        self.ref = Reference(CHUNK, self.order)
         self.next_id = 0
         self.history: list[list[int]] = []
 
@@ -172,7 +180,8 @@ class CHTMachine(RuleBasedStateMachine):
 
         def visit(node, is_root: bool) -> tuple[int, int, list]:
             """Counts and the waiting (n, seq) in the subtree, checked against the caches."""
-            here = [(r.n, r.seq) for r in node.ends.values() if r.state == 0]
+            by_depth = self.order == "deepest"  # keys compare arrival only
+            here = [(0 if by_depth else r.n, r.seq) for r in node.ends.values() if r.state == 0]
             waiting, active = len(here), len(node.ends) - len(here)
             below, hanging = list(here), []
             for child in node.children.values():
@@ -188,7 +197,9 @@ class CHTMachine(RuleBasedStateMachine):
             assert (node.n_waiting, node.n_active) == (waiting, active)
             assert (node.sub and node.sub[:2]) == (min(below) if below else None)
             if node.n_active or is_root:  # its best attached request, exactly
-                attached = [(0, seq) for _, seq in here] + [(n - node.end, s) for n, s in hanging]
+                attached = [(0, seq) for _, seq in here] + [
+                    (0 if by_depth else n - node.end, s) for n, s in hanging
+                ]
                 assert (node.att and node.att[:2]) == (min(attached) if attached else None)
             return waiting, active, below
 
@@ -223,9 +234,10 @@ class CHTMachine(RuleBasedStateMachine):
                 }
                 assert live == expected
         live = set()
-        for missing, seq, stamp, node in tree._attached:
+        for key, seq, stamp, node in tree._attached:
             if node.alive and node.n_active and node.att_stamp == stamp:
-                assert node.att is not None and node.att[:2] == (missing, seq)
+                expected_key = -node.end if self.order == "deepest" else node.att[0]
+                assert node.att is not None and (key, seq) == (expected_key, node.att[1])
                 live.add(id(node))
         expected = {id(n) for n in nodes if n.parent is not None and n.n_active and n.att}
         assert live == expected
@@ -255,6 +267,19 @@ class CHTMachine(RuleBasedStateMachine):
 
 TestCHTAgainstReference = CHTMachine.TestCase
 TestCHTAgainstReference.settings = settings(max_examples=600, stateful_step_count=40, deadline=None)
+
+
+class DeepestFirstCHTMachine(CHTMachine):
+    """The same operations with the order the Feather policies use: deepest shared prefix
+    with the working set first, ties by arrival."""
+
+    order = "deepest"
+
+
+TestDeepestFirstCHTAgainstReference = DeepestFirstCHTMachine.TestCase
+TestDeepestFirstCHTAgainstReference.settings = settings(
+    max_examples=400, stateful_step_count=40, deadline=None
+)
 
 
 @given(st.lists(prompts, min_size=1, max_size=12))

@@ -9,7 +9,7 @@ from statistics import mean
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from toy_engine import ToyRequest, grouped_requests, run
+from toy_engine import ToyRequest, add, admission_step, grouped_requests, run
 
 from feather.policies import (
     Action,
@@ -25,16 +25,19 @@ FEATHER = ("feather-static", "feather-ucb", "feather-qlearn")
 
 
 def make(name: str, **params):
-    return (
-        create_scheduler(name, chunk_size=4, **params) if name != "fcfs" else create_scheduler(name)
-    )
+    """Toy prompts are tens of tokens: let any shared chunk count as sharing (the default,
+    256 tokens, is tested on its own)."""
+    if name == "fcfs":
+        return create_scheduler(name)
+    return create_scheduler(name, chunk_size=4, **{"min_share_tokens": 0, **params})
 
 
 def test_interleaved_groups_form_homogeneous_batches_where_fcfs_mixes() -> None:
-    # 512-token prefixes (above feather-static's 256-token threshold), staggered finishes
-    reqs = grouped_requests(8, 12, prefix=512, suffix=8, output_len=lambda i: 5 + i % 5)
-    fcfs = run(make("fcfs"), reqs, max_running=12)
-    static = run(make("feather-static"), reqs, max_running=12)
+    # 1,024-token prefixes (feather-static's threshold), staggered finishes, a kernel that
+    # reads the common prefix once (cascade): the only place the rule is consulted
+    reqs = grouped_requests(8, 12, prefix=1024, suffix=8, output_len=lambda i: 5 + i % 5)
+    fcfs = run(make("fcfs"), reqs, max_running=12, prefix_read_once=True)
+    static = run(make("feather-static"), reqs, max_running=12, prefix_read_once=True)
     fcfs_groups = mean(len(s.groups) for s in fcfs if s.running)
     static_groups = mean(len(s.groups) for s in static if s.running)
     assert fcfs_groups >= 6  # arrival order interleaves all 8 groups in every batch
@@ -42,6 +45,42 @@ def test_interleaved_groups_form_homogeneous_batches_where_fcfs_mixes() -> None:
     assert max(len(s.groups) for s in static) == 2
     # whole batches of one group: the first batch is 12 requests of group 0
     assert static[0].admitted == [i for i in range(96) if i % 8 == 0]
+    # a kernel that reads every request's own KV: nothing to protect, every decision forced,
+    # so the batch fills as FCFS's does (with sharers first: the candidate order still groups)
+    paged = make("feather-static")
+    forced = []
+    logs = run(
+        paged,
+        reqs,
+        max_running=12,
+        on_step=lambda p: forced.extend(d.forced for d in p.last_step.decisions),
+    )
+    assert forced and all(forced)
+    admitted_so_far = 0
+    for step in logs:  # no step leaves a slot empty while a request waits
+        admitted_so_far += len(step.admitted)
+        assert len(step.running) == 12 or admitted_so_far == len(reqs)
+    assert mean(len(s.groups) for s in logs if s.running) < fcfs_groups
+
+
+def test_deepest_first_keeps_arrival_order_where_fewest_missing_goes_shortest_first() -> None:
+    """Three documents behind one system prompt, in grouped order (every question of a
+    document together): deepest-first offers them as FCFS does; fewest-missing jumps to the
+    shortest document as soon as the first one's questions are in (the grouped L-Eval loss)."""
+    system = [7] * 8
+    docs = {"long": [1] * 40, "mid": [2] * 24, "short": [3] * 8}
+    prompts = {
+        f"{d}{q}": system + body + [100 + 10 * i + q] * 4
+        for i, (d, body) in enumerate(docs.items())
+        for q in range(2)
+    }
+    offered = {}
+    for order in ("deepest", "fewest-missing"):
+        policy = make("feather-static", candidate_order=order)
+        add(policy, **prompts)
+        offered[order] = admission_step(policy)
+    assert offered["deepest"] == list(prompts)  # arrival order
+    assert offered["fewest-missing"] == ["long0", "long1", "short0", "short1", "mid0", "mid1"]
 
 
 @st.composite
@@ -87,8 +126,20 @@ def test_without_sharing_every_feather_policy_admits_exactly_as_fcfs(
         assert [s.admitted for s in engine(policy)] == expected, name
 
 
+def test_a_request_sharing_less_than_min_share_tokens_does_not_pass_the_oldest() -> None:
+    """A chat template or a short system prompt is no reason to make the oldest wait."""
+    template = [5] * 8  # 2 chunks = 8 tokens
+    offered = {}
+    for min_share in (0, 12):
+        policy = make("feather-static", min_share_tokens=min_share)
+        add(policy, a0=template + [1] * 8, old=[9] * 16, a1=template + [2] * 8)
+        assert admission_step(policy, max_running=1) == ["a0"]
+        offered[min_share] = admission_step(policy, max_running=2)
+    assert offered == {0: ["a1"], 12: ["old"]}
+
+
 def test_first_request_of_an_empty_batch_is_the_oldest() -> None:
-    policy = make("feather-static")
+    policy = make("feather-static", candidate_order="fewest-missing")
     policy.add_request(Request("old", list(range(100, 140))))  # long, shares nothing
     policy.add_request(Request("short", [7, 7, 7, 7]))  # CHT best(): fewest missing chunks
     assert policy.cht.best() == ("short", 1)
@@ -122,7 +173,7 @@ def test_decision_state_matches_the_tree() -> None:
         policy.add_request(Request(f"a{i}", a + [100 + i] * 4))  # 5 chunks, 4 shared
     for i in range(2):
         policy.add_request(Request(f"b{i}", [2] * 16 + [200 + i] * 4))
-    policy.begin_step(StepContext(num_running=0, max_running=10))
+    policy.begin_step(StepContext(num_running=0, max_running=10, prefix_read_once=True))
     admitted = []
     while (c := policy.next_candidate()) is not None:
         policy.admitted(c)
@@ -168,6 +219,7 @@ def _toy_episodes(policy, episodes: int) -> list[list[int]]:
             reqs,
             max_running=20,
             step_time_s=lambda batch: 1.0 if len({r.group for r in batch}) == 1 else 4.0,
+            prefix_read_once=True,
         )
         batches.append([len(s.admitted) for s in logs])
     return batches

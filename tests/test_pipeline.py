@@ -92,6 +92,7 @@ def tiny_config(tmp: Path, **changes) -> Path:
             # SGLang's environment as the overhead tests build it (reused, not rebuilt)
             "overhead": {"sweep": "default", "envs_dir": str(REPO / ".envs")},
             "kernel_bench": "quick",
+            "never_worse": "summary",  # the large cases are minutes; the summary's settings
         }
     )
     config.update(changes)

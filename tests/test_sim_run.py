@@ -105,15 +105,30 @@ def test_bad_inputs_are_clear_errors() -> None:
 
 
 def test_training_freezes_a_table_and_reports_held_out_runs(tmp_path) -> None:
-    base = spec(scheduler="feather-ucb")
-    trained = train("feather-ucb", base, [SMALL], seeds=[0, 1], out=tmp_path / "ucb.json")
-    assert len(trained["history"]) == 2 and trained["history"][-1]["updates"] > 0
-    held_out = SMALL.replace("seed=1", "seed=9")
-    report = evaluate(tmp_path / "ucb.json", "feather-ucb", base, [held_out], seeds=[5])
-    (run,) = report["runs"]
-    assert run["static_tok_s"] > 0 and run["learned_tok_s"] > 0
-    assert len(run["policy_file_sha256"]) == 64
+    # cascade attention: the kernel under which Feather's rules are consulted
+    base = spec(scheduler="feather-ucb", kernel="cascade")
+    seeded = SMALL.replace("seed=1", "spread=0.3,seed={seed}")  # the seed changes the shape
+    trained = train("feather-ucb", base, [seeded], seeds=[0, 1], out=tmp_path / "ucb.json")
+    assert [h["seed"] for h in trained["history"]] == [0, 1]
+    assert trained["history"][-1]["updates"] > 0 and trained["history"][0]["decisions"] > 0
+    assert all(h["static_tok_s"] > 0 for h in trained["history"])
+    assert trained["policy"] and all(
+        v["action"] in ("ADD", "STOP") and sum(v["visits"].values()) > 0
+        for v in trained["policy"].values()
+    )
+    assert trained["convergence"]["k"] == 3 and trained["convergence"]["runs"] == 2
+    report = evaluate(tmp_path / "ucb.json", "feather-ucb", base, [seeded], seeds=[5, 6])
+    assert [r["seed"] for r in report["runs"]] == [5, 6]
+    assert report["runs"][0]["static_tok_s"] != report["runs"][1]["static_tok_s"] or (
+        report["runs"][0]["fcfs_tok_s"] != report["runs"][1]["fcfs_tok_s"]
+    )  # the seed builds a different workload
+    for run in report["runs"]:
+        assert run["static_tok_s"] > 0 and run["learned_tok_s"] > 0 and run["fcfs_tok_s"] > 0
+        assert len(run["policy_file_sha256"]) == 64
+    assert set(report["per_workload"][seeded]["ratio"]) == {"mean", "min", "max"}
     assert isinstance(report["learned_beats_static"], bool)
+    with pytest.raises(ValueError, match="has no \\{seed\\}: every seed would run the same"):
+        evaluate(tmp_path / "ucb.json", "feather-ucb", base, [SMALL], seeds=[5, 6])
 
 
 def test_cli_simulate_prints_the_summary(tmp_path, capsys) -> None:

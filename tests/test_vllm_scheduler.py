@@ -105,7 +105,13 @@ def test_policy_state_b_delta_w_matches_brute_force_over_vllms_requests(tmp) -> 
     scheduler = make_scheduler(
         tmp,
         "feather-static",
-        params={"min_batch": 2, "min_delta_tokens": 32},
+        # vLLM 0.32 has no cascade attention: ask the rule anyway, to see its state
+        params={
+            "min_batch": 2,
+            "min_delta_tokens": 32,
+            "consult": "always",
+            "min_share_tokens": 0,
+        },
         max_num_seqs=5,
         num_blocks=200,
     )

@@ -252,6 +252,27 @@ def test_arrivals() -> None:
     assert [r.arrival_time_s for r in bursts.requests] == [0.0] * 4 + [2.5] * 4 + [5.0] * 2
 
 
+def test_synthetic_spread_makes_the_seed_change_the_shape() -> None:
+    base = "synthetic:groups=6,per_group=10,prefix=200,system=40,suffix=8,output=4"
+    plain = load_workload(base + ",seed=3").requests
+    zero = load_workload(base + ",spread=0.0,seed=3").requests
+    assert [list(r.prompt_token_ids) for r in plain] == [list(r.prompt_token_ids) for r in zero]
+    shapes = []
+    for seed in (0, 1):
+        requests = load_workload(f"{base},spread=0.5,seed={seed}").requests
+        sizes = Counter(r.group_id for r in requests)
+        lengths = {r.group_id: len(r.prompt_token_ids) for r in requests}
+        assert all(5 <= n <= 15 for n in sizes.values())
+        assert all(40 + 80 + 8 <= n <= 40 + 240 + 8 for n in lengths.values())
+        assert {tuple(r.prompt_token_ids[:40]) for r in requests} == {  # one system prompt
+            tuple(requests[0].prompt_token_ids[:40])
+        }
+        shapes.append((sorted(sizes.values()), sorted(lengths.values())))
+    assert shapes[0] != shapes[1]
+    with pytest.raises(WorkloadError, match=r"spread=1\.5: expected 0 <= spread < 1"):
+        load_workload(base + ",spread=1.5")
+
+
 def test_bad_input_fails_early_and_clearly(leval_dir, tmp_path, monkeypatch) -> None:
     with pytest.raises(UnknownTaskError, match=r"unknown L-Eval task.*nosuch.*coursera"):
         build("leval", tasks=["nosuch"], data_dir=leval_dir, raw_dir=tmp_path)

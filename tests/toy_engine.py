@@ -38,8 +38,11 @@ def run(
     preempt_at: Callable[[int], bool] = lambda step: False,
     step_time_s: Callable[[list[ToyRequest]], float] = lambda batch: 1.0,
     max_steps: int = 10_000,
+    prefix_read_once: bool = False,
+    on_step: Callable[[AdmissionPolicy], None] = lambda policy: None,
 ) -> list[StepLog]:
-    """Run until every request finished; returns one log per step."""
+    """Run until every request finished; returns one log per step. `prefix_read_once`: the
+    engine's kernel reads a common prefix once (where Feather's rules are consulted)."""
     by_id = {r.req_id: r for r in requests}
     pending = sorted(requests, key=lambda r: (r.arrival_step, r.req_id))
     produced: dict[int, int] = {}
@@ -54,7 +57,13 @@ def run(
             victim = running.pop()  # the most recently admitted, as vLLM preempts
             policy.preempted(victim)
             produced[victim] = 0  # recompute preemption: its output starts again
-        policy.begin_step(StepContext(num_running=len(running), max_running=max_running))
+        policy.begin_step(
+            StepContext(
+                num_running=len(running),
+                max_running=max_running,
+                prefix_read_once=prefix_read_once,
+            )
+        )
         admitted = []
         while (req_id := policy.next_candidate()) is not None:
             if fits(step, req_id):
@@ -63,6 +72,7 @@ def run(
                 admitted.append(req_id)
             else:
                 policy.refused(req_id)
+        on_step(policy)
         batch = [by_id[i] for i in running]
         logs.append(StepLog(admitted, list(running), {r.group for r in batch}))
         if batch:
@@ -95,9 +105,16 @@ def admission_step(
     *,
     max_running: int = 10_000,
     fits: Callable[[Hashable], bool] = lambda _: True,
+    prefix_read_once: bool = False,
 ) -> list[Hashable]:
     """One admission phase; returns the candidates in the order they were offered."""
-    policy.begin_step(StepContext(num_running=policy.num_running, max_running=max_running))
+    policy.begin_step(
+        StepContext(
+            num_running=policy.num_running,
+            max_running=max_running,
+            prefix_read_once=prefix_read_once,
+        )
+    )
     offered = []
     while (req_id := policy.next_candidate()) is not None:
         offered.append(req_id)

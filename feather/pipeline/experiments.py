@@ -72,6 +72,10 @@ TRAINING_FIELDS = {
     "eval_workloads",
     "eval_seeds",
 }
+# the simulated engine (default: paged, vllm); transfer: a second training for a real engine
+TRAINING_OPTIONAL = {"kernel", "engine_mode", "transfer"}
+TRANSFER_FIELDS = {"learner", "hardware", "model", "kernel", "params", "engine", "train_workloads",
+                   "train_seeds"}
 
 
 class ExperimentError(ValueError):
@@ -161,6 +165,10 @@ class EngineBatch:
             for label, _, _ in self.schedulers
         ]
 
+    def inputs(self) -> list[str]:
+        """Files the job reads besides the workload: policy tables named in params."""
+        return [str(v) for _, _, params in self.schedulers for k, v in params if k == "policy_file"]
+
     def cli_args(self) -> list[str]:
         """`feather run` arguments (without --out)."""
         args = ["--engine", self.engine, "--workload", self.workload_spec, "--model", self.model]
@@ -239,10 +247,19 @@ def load_experiment(path: str | Path) -> Experiment:
                     f"not one of {list(data['workloads'])}"
                 )
     training = data.get("training")
-    if training is not None and (
-        not isinstance(training, dict) or set(training) != TRAINING_FIELDS
+    if training is not None and not (
+        isinstance(training, dict)
+        and TRAINING_FIELDS <= set(training) <= TRAINING_FIELDS | TRAINING_OPTIONAL
     ):
-        raise ExperimentError(f"{path}: training needs exactly {sorted(TRAINING_FIELDS)}")
+        raise ExperimentError(
+            f"{path}: training needs {sorted(TRAINING_FIELDS)} "
+            f"(optional: {sorted(TRAINING_OPTIONAL)}), got {sorted(training or {})}"
+        )
+    transfer = (training or {}).get("transfer")
+    if transfer is not None and (
+        not isinstance(transfer, dict) or set(transfer) != TRANSFER_FIELDS
+    ):
+        raise ExperimentError(f"{path}: training.transfer needs exactly {sorted(TRANSFER_FIELDS)}")
     for i, template in enumerate(data.get("engine_runs") or []):
         bad = set(template) - ENGINE_RUN_FIELDS
         lacking = {"engine", "workload", "model"} - set(template)
@@ -318,6 +335,23 @@ def _positive_number(text: str) -> bool:
         return float(text) > 0
     except ValueError:
         return False
+
+
+def _engine_scheduler(
+    experiment: Experiment, item: str | dict[str, Any], schedulers: dict[str, dict[str, Any]]
+) -> tuple[str, str, tuple[tuple[str, Any], ...]]:
+    """(label, class, params) of an engine run's scheduler: a configured name, or an entry of
+    its own, `{label, class, params}` (e.g. a frozen table the pipeline trained)."""
+    if isinstance(item, dict):
+        if "label" not in item or set(item) - {"label", "class", "params"}:
+            raise ExperimentError(
+                f"{experiment.path}: an engine_runs scheduler entry needs 'label' and may have "
+                f"'class' and 'params', got {sorted(item)}"
+            )
+        params = item.get("params") or {}
+        return item["label"], item.get("class", item["label"]), tuple(sorted(params.items()))
+    entry = schedulers.get(item, {})
+    return item, entry.get("class", item), tuple(sorted((entry.get("params") or {}).items()))
 
 
 def _whole(low: int) -> tuple[str, Any]:
@@ -526,9 +560,9 @@ def expand_engine_runs(
             if template.get("scheduler", "all") == "all"
             else _as_list(template["scheduler"])
         )
-        for name in names:
-            entry = schedulers.get(name, {})
-            _check_params(where, entry.get("class", name), entry.get("params") or {})
+        chosen = tuple(_engine_scheduler(experiment, name, schedulers) for name in names)
+        for _, scheduler_class, params in chosen:
+            _check_params(where, scheduler_class, dict(params))
         batches.append(
             EngineBatch(
                 experiment=experiment.name,
@@ -537,14 +571,7 @@ def expand_engine_runs(
                 model=template["model"],
                 workload=template["workload"],
                 workload_spec=path,
-                schedulers=tuple(
-                    (
-                        name,
-                        schedulers.get(name, {}).get("class", name),
-                        tuple(sorted((schedulers.get(name, {}).get("params") or {}).items())),
-                    )
-                    for name in names
-                ),
+                schedulers=chosen,
                 repeats=int(template.get("repeats", 1)),
                 options=tuple(sorted((template.get("options") or {}).items())),
             )

@@ -461,59 +461,118 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     )
 
 
-def _wrap_spec(spec: str, width: int = 36) -> str:
-    """A workload spec on lines of at most about `width` characters, broken after commas."""
-    lines = [""]
-    for part in spec.split(","):
-        if lines[-1] and len(lines[-1]) + len(part) + 1 > width:
-            lines.append("")
-        lines[-1] += ("," if lines[-1] else "") + part
-    return ",\n".join(lines)
+def _shape_label(spec: str) -> str:
+    """A synthetic spec as its shape: 'groups x per_group, prefix P, out O, order'."""
+    fields = dict(
+        part.split("=", 1) for part in spec.replace("synthetic:", "").split(",") if "=" in part
+    )
+    if not {"groups", "per_group"} <= set(fields):
+        return Path(spec).stem[:30]
+    return (
+        f"{fields['groups']}x{fields['per_group']}, prefix {fields.get('prefix', '?')}, "
+        f"out {fields.get('output', '?')}, {fields.get('order', 'shuffled')}"
+    )
+
+
+def _learner_label(report: dict[str, Any]) -> str:
+    return f"{report['training']['learner'].replace('feather-', '')} ({report['hardware']})"
+
+
+def _policy_rows(reports: list[dict[str, Any]], limit: int = 24) -> tuple[list[list[str]], int]:
+    """The learned tables' most visited states (at most `limit` rows) and how many were left
+    out."""
+    rows = []
+    for report in reports:
+        for state, entry in report["training"].get("policy", {}).items():
+            visits = entry["visits"]
+            total = sum(visits.values())
+            counts = f"{visits.get('ADD', 0)} / {visits.get('STOP', 0)}"
+            rows.append((total, [_learner_label(report), state, entry["action"], counts]))
+    rows.sort(key=lambda r: -r[0])
+    return [r for _, r in rows[:limit]], max(0, len(rows) - limit)
 
 
 @figure("rl_policies")
 def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+    """Learning curves relative to feather-static (same workload and seed), held-out gains
+    with min-max bars over seeds, and each learned table (state -> action, visits)."""
+    fig = plt.figure(figsize=(18, 6.0))
+    grid = fig.add_gridspec(1, 3, width_ratios=[1.0, 1.0, 1.0])
+    curve, held, table_ax = (fig.add_subplot(grid[0, i]) for i in range(3))
     for report in reports:
-        history = report["training"]["history"]
-        axes[0].plot(
-            range(1, len(history) + 1),
-            [h["output_tok_s"] for h in history],
-            marker="o",
-            label=f"{report['training']['learner']} ({report['hardware']})",
-        )
-    axes[0].set(
-        xlabel="training run (workload x seed, in order)",
-        ylabel="output throughput while learning (tokens/s)",
-        title="learning curves",
-    )
-    axes[0].legend(fontsize=7)
+        learner = _learner_label(report)
+        history = pd.DataFrame(report["training"]["history"])
+        if "ratio_to_static" not in history:
+            continue
+        for workload, part in history.groupby("workload", sort=False):
+            curve.plot(part["run"], part["ratio_to_static"], marker="o", ms=3,
+                       label=f"{learner}: {_shape_label(workload)}")
+        convergence = report["training"].get("convergence") or {}
+        if convergence.get("last_change_run"):
+            curve.axvline(convergence["last_change_run"], color="grey", lw=0.6, ls=":")
+    curve.axhline(1.0, color="grey", lw=0.8, ls="--")
+    curve.set(xlabel="training run (seed-major)", ylabel="learning / feather-static",
+              title="learning curves")
+    if curve.get_legend_handles_labels()[0]:
+        curve.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)
     rows = [
-        {
-            "learner": f"{r['training']['learner']}\n({r['hardware']})",
-            "workload": _wrap_spec(run["workload"].split(",seed")[0].replace("synthetic:", "")),
-            "ratio": run["ratio"],
-        }
+        {"learner": _learner_label(r), "workload": _shape_label(run["workload"]),
+         "seed": run["seed"], "ratio": run["ratio"]}
         for r in reports
-        for run in r["evaluation"]["runs"]
+        for run in r.get("evaluation", {}).get("runs", [])
     ]
     frame = pd.DataFrame(rows)
-    sns.barplot(
-        data=frame, x="learner", y="ratio", hue="workload", ax=axes[1], errorbar=("pi", 100)
-    )
-    axes[1].axhline(1.0, color="grey", lw=0.8, ls="--")
-    axes[1].set(
-        xlabel="frozen learned policy",
-        ylabel="throughput / feather-static",
-        title="held-out workloads and seeds",
-    )
-    legend_beside(axes[1], title="held-out workload", fontsize=6, title_fontsize=7)
+    seeds: list[Any] = []
+    if not frame.empty:
+        stats = frame.groupby(["workload", "learner"])["ratio"].agg(["mean", "min", "max"])
+        workloads = list(dict.fromkeys(frame["workload"]))
+        learners = list(dict.fromkeys(frame["learner"]))
+        width = 0.8 / len(learners)
+        for j, learner in enumerate(learners):
+            xs, means, lows, highs = [], [], [], []
+            for i, workload in enumerate(workloads):
+                if (workload, learner) not in stats.index:
+                    continue
+                row = stats.loc[(workload, learner)]
+                xs.append(i + (j - (len(learners) - 1) / 2) * width)
+                means.append(row["mean"])
+                lows.append(row["mean"] - row["min"])
+                highs.append(row["max"] - row["mean"])
+            bars = held.bar(xs, means, width, yerr=[lows, highs], capsize=2, label=learner)
+            held.bar_label(bars, fmt="%.2f", fontsize=6, padding=2, label_type="center",
+                           rotation=90)
+        held.set_xticks(range(len(workloads)), [w.replace(", ", "\n") for w in workloads],
+                        fontsize=6)
+        held.set_ylim(0, max(1.2, float(stats["max"].max()) * 1.1))
+        seeds = sorted(frame["seed"].unique())
+        held.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    held.axhline(1.0, color="grey", lw=0.8, ls="--")
+    held.set(ylabel="frozen / feather-static", title="held-out workloads")
+    table_ax.axis("off")
+    table_rows, more = _policy_rows(reports)
+    if table_rows:
+        cell = table_ax.table(
+            cellText=table_rows,
+            colLabels=["learner", "state b|delta|w", "greedy", "visits ADD / STOP"],
+            loc="upper center",
+            cellLoc="left",
+        )
+        cell.auto_set_font_size(False)
+        cell.set_fontsize(6)
+        cell.auto_set_column_width(list(range(4)))
+    note = f" ({more} more states in the reports)" if more else ""
+    table_ax.set_title(f"learned tables, most visited{note}", fontsize=8)
+    kernels = sorted({str(r.get("kernel", "paged")) for r in reports})
     fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
         f"{meta['paper']} Produced by: simulator ("
-        f"{', '.join(sorted({r['hardware'] for r in reports}))} profile).",
+        f"{', '.join(sorted({r['hardware'] for r in reports}))} profile, kernel "
+        f"{', '.join(kernels)}). Ratios against feather-static on the same workload and seed; "
+        f"dotted: the run after which the greedy table no longer changed; held-out bars: mean "
+        f"over seeds {', '.join(map(str, seeds)) or '-'}, whiskers min-max. States: "
+        "feather/policies/learning.py's buckets.",
     )
 
 

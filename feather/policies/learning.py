@@ -14,8 +14,11 @@ throughput seen so far (then early rewards read high; UCB's exploration term ass
   score = mean + c * sqrt(ln N_state / n_action); an untried action is tried first (ADD
   before STOP); ties go to ADD. Deterministic: the seed is not needed.
 `QTable` - tabular Q-learning: Q(s,a) += alpha * (r + gamma * max_a' Q(s',a') - Q(s,a)),
-  epsilon-greedy with epsilon = max(epsilon_min, epsilon_start * epsilon_decay**decisions),
-  random draws from a seeded `random.Random`; greedy ties go to ADD.
+  an untried action first (ADD before STOP: optimism where nothing is known; Feather's
+  decision points are few - an offline run may take one - so epsilon alone left STOP untried
+  in every state over a whole training), then epsilon-greedy with
+  epsilon = max(epsilon_min, epsilon_start * epsilon_decay**decisions), random draws from a
+  seeded `random.Random`; greedy ties go to ADD.
 
 Frozen tables (deployed after training) act greedily and never update; a state never seen in
 training gets ADD, the choice that cannot starve anyone.
@@ -152,12 +155,16 @@ class QTable(_ActionTable):
         if not greedy:
             explore = rng.random() < self.epsilon()
             self.decisions += 1
+            untried = [a for a, arm in self._arms(key).items() if arm.count == 0]
+            if untried:
+                return untried[0]
             if explore:
                 return rng.choice(ACTIONS)
         arms = self.stats.get(key)
-        if arms is None:
-            return Action.ADD
-        return max(ACTIONS, key=lambda a: (arms[a].value, a is Action.ADD))
+        tried = [a for a in ACTIONS if arms is not None and arms[a].count]
+        if not tried:
+            return Action.ADD  # nothing known: the choice that cannot starve anyone
+        return max(tried, key=lambda a: (arms[a].value, a is Action.ADD))
 
     def update(self, key: str, action: Action, reward: float, next_key: str | None) -> None:
         target = reward

@@ -58,6 +58,8 @@ class EngineConfig:
     """Engine limits; defaults are the engines' own (vLLM V1 offline `LLM`, SGLang server).
 
     num_blocks: KV pool size in blocks (the runner derives it from the hardware and model).
+    prefix_read_once: the attention kernel reads a batch-wide common prefix once (cascade);
+        told to the policy in every `StepContext`.
     """
 
     mode: Mode = "vllm"
@@ -71,6 +73,7 @@ class EngineConfig:
     new_token_ratio: float = 0.7
     overlap_scheduling: bool = False
     reserve_full_prompt: bool = True
+    prefix_read_once: bool = False
     max_steps: int = 5_000_000
 
     def __post_init__(self) -> None:
@@ -315,6 +318,7 @@ class Engine:
                     max_running=cfg.max_num_seqs,
                     token_budget=budget,
                     free_blocks=pool.num_free,
+                    prefix_read_once=cfg.prefix_read_once,
                 ),
             )
             while budget > 0 and len(running) < cfg.max_num_seqs:
@@ -399,6 +403,7 @@ class Engine:
                     max_running=cfg.max_num_seqs,
                     token_budget=rem_input,
                     free_blocks=pool.num_free,
+                    prefix_read_once=cfg.prefix_read_once,
                 ),
             )
             while len(self.running) < cfg.max_num_seqs and rem_input > 0 and rem_chunk > 0:
@@ -668,7 +673,7 @@ class Engine:
         else:  # vLLM V1's default path, SGLang's event_loop_normal: schedule, then run
             self.clock += sched_model
         step_time = self.clock - start
-        self.policy.report_step(StepOutcome(len(scheduled), sampled, step_time))
+        self.policy.report_step(StepOutcome(len(scheduled), sampled, step_time, prefill_tokens))
         if self.record_steps:
             self.result.steps.append(
                 StepRecord(

@@ -188,6 +188,7 @@ def simulate(
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
         overlap_scheduling=spec.overlapped,
+        prefix_read_once=spec.kernel == "cascade",
     )
     sched_model = (
         cost_model(spec.sched_cost_model, spec.engine_mode, spec.block_size)
@@ -225,6 +226,7 @@ def simulate(
     summary["wall_s"] = time.perf_counter() - wall0
     summary["sched_model_fallback_for"] = sorted(sched_model.uncalibrated)
     summary["sched_cost_model"] = _sched_cost_summary(spec, sched_model.source)
+    summary["policy_scope_warning"] = _scope_warning(spec, policy)
     summary["nvml"] = not_applicable(f"simulated run ({spec.hardware} profile), no device")
     summary["provenance"] = collect_provenance(
         config=spec.to_json(),
@@ -269,6 +271,16 @@ def _sched_cost_summary(spec: SimulationSpec, source: dict[str, Any]) -> dict[st
         "host_note": source.get("host_note")
         or ("CPU times of our ports measured on a 2-core VM" if name == "port" else None),
     }
+
+
+def _scope_warning(spec: SimulationSpec, policy: AdmissionPolicy) -> str | None:
+    """A frozen table deployed on a device, model or kernel other than its training's."""
+    trained = getattr(policy, "trained_on", None)
+    if not trained or not getattr(policy, "frozen", False):
+        return None
+    here = {"hardware": spec.hardware, "model": spec.model, "kernel": spec.kernel}
+    differ = [f"{k} {trained.get(k)} -> {v}" for k, v in here.items() if trained.get(k) != v]
+    return f"table trained elsewhere: {', '.join(differ)}" if differ else None
 
 
 def _trace_table(result: EngineResult, splits: list[StepSplit]) -> pa.Table:

@@ -1,11 +1,18 @@
 """Training protocol for the learned Feather policies (UCB, Q-learning), on the simulator.
 
-1. Train: one policy object learns online through consecutive simulated runs - every
-   training workload under every training seed, in that order - and is saved as JSON.
+1. Train: one policy object learns online through consecutive simulated runs, seed-major -
+   round r runs every training workload built with the r-th training seed, so a change of
+   throughput between rounds is learning, not a change of workload. Each run is paired with
+   `feather-static` on the same workload and seed (the learning curve is their ratio). After
+   every run the greedy action of every state seen so far is recorded: the table has
+   converged when no visited state's greedy action changed over the last K runs.
 2. Freeze: the saved table is loaded with `frozen=True` (greedy, no updates); its file's
    SHA-256 is recorded in the provenance of every run that uses it.
-3. Evaluate: frozen learner and `feather-static` run the held-out workloads and seeds;
-   the report gives both throughputs per run and their ratio. If learning does not beat the
+3. Evaluate: frozen learner, `feather-static` and FCFS run the held-out workloads, each built
+   with every held-out seed. A workload spec may hold `{seed}` (e.g. `synthetic:...,seed={seed}`):
+   the seed then builds a different workload (token ids, arrival order); a spec without it
+   is the same workload under every seed and is refused when more than one seed is asked for,
+   so error bars over seeds are never zero by construction. If learning does not beat the
    static rule, the report says so - it is the honest outcome, not a failure.
 """
 
@@ -17,11 +24,44 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from feather.policies import create_scheduler
+from feather.policies import create_engine_policy
+from feather.policies.feather import FeatherLearningPolicy
 from feather.sim.run import SimulationSpec, simulate
-from feather.workloads import load_workload
+from feather.workloads import Workload, load_workload
 
 LEARNERS = ("feather-ucb", "feather-qlearn")
+CONVERGENCE_RUNS = 3  # K: greedy actions unchanged over the last K training runs
+
+
+def workload_for_seed(spec: str, seed: int) -> str:
+    """The workload spec built with this seed (`{seed}` filled in)."""
+    return spec.replace("{seed}", str(seed))
+
+
+def _check_seeded(specs: Sequence[str], seeds: Sequence[int], what: str) -> None:
+    if len(set(seeds)) > 1:
+        fixed = [s for s in specs if "{seed}" not in s]
+        if fixed:
+            raise ValueError(
+                f"{what} workload {fixed[0]!r} has no {{seed}}: every seed would run the same "
+                "workload (write seed={seed} in the spec)"
+            )
+
+
+class _Workloads:
+    """Loads each (spec, seed) once."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Workload] = {}
+
+    def get(self, spec: str) -> Workload:
+        if spec not in self._cache:
+            self._cache[spec] = load_workload(spec)
+        return self._cache[spec]
+
+
+def _throughput(spec: SimulationSpec, workload: Workload, **changes: Any) -> float:
+    return simulate(replace(spec, **changes), workload=workload).summary["output_tok_s"]
 
 
 def train(
@@ -32,38 +72,96 @@ def train(
     out: str | Path,
     params: dict[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
+    convergence_runs: int = CONVERGENCE_RUNS,
 ) -> dict[str, Any]:
-    """Train `learner` online over workloads x seeds; save its table to `out`."""
+    """Train `learner` online over seeds x workloads (seed-major); save its table to `out`."""
     if learner not in LEARNERS:
         raise ValueError(f"can only train {', '.join(LEARNERS)}, not {learner!r}")
-    policy = create_scheduler(
-        learner, chunk_size=base.block_size, seed=seeds[0] if seeds else 0, **(params or {})
+    if not workloads or not seeds:
+        raise ValueError("training needs at least one workload and one seed")
+    _check_seeded(workloads, seeds, "training")
+    policy = create_engine_policy(
+        learner, params, block_size=base.block_size, seed=seeds[0]
     )
-    history = []
-    for workload_spec in workloads:
-        workload = load_workload(workload_spec)
-        for seed in seeds:
+    assert isinstance(policy, FeatherLearningPolicy)
+    policy.trained_on = {
+        "hardware": base.hardware,
+        "model": base.model,
+        "kernel": base.kernel,
+        "engine_mode": base.engine_mode,
+    }
+    cache = _Workloads()
+    history: list[dict[str, Any]] = []
+    greedy_history: list[dict[str, str]] = []
+    for round_index, seed in enumerate(seeds):
+        for template in workloads:
+            workload_spec = workload_for_seed(template, seed)
+            workload = cache.get(workload_spec)
             spec = replace(base, workload=workload_spec, scheduler=learner, seed=seed)
+            decisions_before = policy.decisions_taken
             result = simulate(spec, workload=workload, policy=policy)
+            static = _throughput(spec, workload, scheduler="feather-static", scheduler_params={})
+            tok_s = result.summary["output_tok_s"]
+            greedy = {k: v["action"] for k, v in policy.greedy_policy().items()}
+            greedy_history.append(greedy)
             history.append(
                 {
-                    "workload": workload_spec,
+                    "run": len(history) + 1,
+                    "round": round_index,
+                    "workload": template,
                     "seed": seed,
-                    "output_tok_s": result.summary["output_tok_s"],
+                    "output_tok_s": tok_s,
+                    "static_tok_s": static,
+                    "ratio_to_static": tok_s / static if static else None,
                     "updates": policy.updates,
+                    "decisions": policy.decisions_taken - decisions_before,
+                    "states_visited": len(greedy),
+                    "greedy_changes": _changes(greedy_history),
                 }
             )
             if progress is not None:
                 progress(
-                    f"trained on {workload_spec} seed {seed}: "
-                    f"{result.summary['output_tok_s']:,.0f} tok/s, {policy.updates} updates"
+                    f"round {round_index} {template} seed {seed}: {tok_s:,.0f} tok/s "
+                    f"({tok_s / static:.3f}x feather-static), {policy.updates} updates, "
+                    f"{len(greedy)} states"
                 )
     path = policy.save(out)
+    table = policy.greedy_policy()
     return {
         "learner": learner,
         "policy_file": str(path),
+        "trained_on": policy.trained_on,
         "history": history,
-        "states": len(policy.table.to_json()),
+        "states": len(table),
+        "policy": table,
+        "convergence": _convergence(greedy_history, convergence_runs),
+    }
+
+
+def _changes(greedy_history: list[dict[str, str]]) -> int:
+    """States whose greedy action differs from the previous run's (new states not counted)."""
+    if len(greedy_history) < 2:
+        return 0
+    before, now = greedy_history[-2], greedy_history[-1]
+    return sum(1 for k, a in now.items() if k in before and before[k] != a)
+
+
+def _convergence(greedy_history: list[dict[str, str]], k: int) -> dict[str, Any]:
+    """Converged: over the last k runs no visited state changed its greedy action and no new
+    state appeared (the final table's actions held for k runs)."""
+    final = greedy_history[-1] if greedy_history else {}
+    stable_runs = 0
+    for earlier in reversed(greedy_history[:-1]):
+        if earlier != final:
+            break
+        stable_runs += 1
+    last_change = len(greedy_history) - stable_runs  # 1-based run after which nothing changed
+    return {
+        "k": k,
+        "runs": len(greedy_history),
+        "stable_runs": stable_runs,
+        "last_change_run": last_change,
+        "converged": len(greedy_history) > k and stable_runs >= k,
     }
 
 
@@ -73,39 +171,69 @@ def evaluate(
     base: SimulationSpec,
     workloads: Sequence[str],
     seeds: Sequence[int],
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Frozen learner vs feather-static on held-out workloads and seeds."""
+    """Frozen learner vs feather-static and FCFS on held-out workloads, each under every seed.
+    `params`: the learner's parameters besides its table (e.g. consult), as in training."""
+    _check_seeded(workloads, seeds, "held-out")
+    cache = _Workloads()
     rows = []
-    for workload_spec in workloads:
-        workload = load_workload(workload_spec)
+    for template in workloads:
         for seed in seeds:
+            workload_spec = workload_for_seed(template, seed)
+            workload = cache.get(workload_spec)
             spec = replace(base, workload=workload_spec, seed=seed)
-            static = simulate(replace(spec, scheduler="feather-static"), workload=workload)
+            static = _throughput(spec, workload, scheduler="feather-static", scheduler_params={})
+            fcfs = _throughput(spec, workload, scheduler="fcfs", scheduler_params={})
             frozen = simulate(
                 replace(
                     spec,
                     scheduler=learner,
-                    scheduler_params={"policy_file": str(policy_file), "frozen": True},
+                    scheduler_params={
+                        **(params or {}),
+                        "policy_file": str(policy_file),
+                        "frozen": True,
+                    },
                 ),
                 workload=workload,
             )
+            learned = frozen.summary["output_tok_s"]
             rows.append(
                 {
-                    "workload": workload_spec,
+                    "workload": template,
                     "seed": seed,
-                    "static_tok_s": static.summary["output_tok_s"],
-                    "learned_tok_s": frozen.summary["output_tok_s"],
-                    "ratio": frozen.summary["output_tok_s"] / static.summary["output_tok_s"],
+                    "static_tok_s": static,
+                    "fcfs_tok_s": fcfs,
+                    "learned_tok_s": learned,
+                    "ratio": learned / static,
+                    "ratio_to_fcfs": learned / fcfs,
+                    "static_to_fcfs": static / fcfs,
+                    "stop_decisions": int(
+                        sum(frozen.trace.column("decisions_stop").to_pylist())
+                    ),
                     "policy_file_sha256": frozen.summary["provenance"]["policy"]["params"][
                         "policy_file_sha256"
                     ],
                 }
             )
     ratios = [r["ratio"] for r in rows]
+    per_workload = {}
+    for template in workloads:
+        mine = [r for r in rows if r["workload"] == template]
+        per_workload[template] = {
+            key: {
+                "mean": statistics.fmean(r[key] for r in mine),
+                "min": min(r[key] for r in mine),
+                "max": max(r[key] for r in mine),
+            }
+            for key in ("ratio", "ratio_to_fcfs", "static_to_fcfs")
+        }
     return {
         "learner": learner,
         "policy_file": str(policy_file),
+        "seeds": list(seeds),
         "runs": rows,
+        "per_workload": per_workload,
         "mean_ratio": statistics.fmean(ratios) if ratios else None,
         "learned_beats_static": bool(ratios) and statistics.fmean(ratios) > 1.0,
     }

@@ -6,7 +6,9 @@ Keys (defaults): groups (8), per_group (100), prefix (4000: tokens shared within
 including `system`), system (0: tokens shared by every group), suffix (100: tokens of each
 request's own), output (128), order (shuffled | grouped | interleaved), arrival (all |
 poisson:RATE | bursts:SIZE:INTERVAL_S), unshared (0.0: fraction of requests made to share
-nothing), vocab (32000), seed (0). Token ids are uniform in [3, vocab) from a seeded
+nothing), spread (0.0: each group's size and document length drawn uniformly within
++-spread of per_group and prefix - system, so the seed changes the workload's shape, not only
+its token ids and order), vocab (32000), seed (0). Token ids are uniform in [3, vocab) from a seeded
 generator, so the same spec always gives the same workload.
 
 A spec whose workload cannot fit in memory is refused before anything is allocated (the
@@ -51,6 +53,7 @@ class SyntheticSpec:
     order: str = "shuffled"
     arrival: str = "all"
     unshared: float = 0.0
+    spread: float = 0.0
     vocab: int = 32_000
     seed: int = 0
 
@@ -105,6 +108,8 @@ def parse_spec(spec: str) -> SyntheticSpec:
         _options(parsed)  # order, arrival and unshared, checked as the builder checks them
     except WorkloadError as exc:
         raise WorkloadError(f"synthetic spec: {exc}") from None
+    if not 0.0 <= parsed.spread < 1.0:
+        raise WorkloadError(f"synthetic spec spread={parsed.spread}: expected 0 <= spread < 1")
     return parsed
 
 
@@ -125,13 +130,20 @@ def build_synthetic(spec: SyntheticSpec) -> list[WorkloadRequest]:
     options = _options(spec)
     rng = np.random.Generator(np.random.PCG64(spec.seed))
     system = rng.integers(3, spec.vocab, size=spec.system, dtype=np.int32)
+    shape = random.Random(f"{spec.seed}:spread")  # its own stream: spread=0 changes nothing
+
+    def spread(value: int) -> int:
+        return round(value * shape.uniform(1 - spec.spread, 1 + spec.spread))
+
     groups = []
     for g in range(spec.groups):
+        size = max(1, spread(spec.per_group)) if spec.spread else spec.per_group
+        document = spread(spec.prefix - spec.system) if spec.spread else spec.prefix - spec.system
         prefix = np.concatenate(
-            [system, rng.integers(3, spec.vocab, size=spec.prefix - spec.system, dtype=np.int32)]
+            [system, rng.integers(3, spec.vocab, size=document, dtype=np.int32)]
         )
         group = []
-        for i in range(spec.per_group):
+        for i in range(size):
             suffix = rng.integers(3, spec.vocab, size=spec.suffix, dtype=np.int32)
             group.append(
                 WorkloadRequest(

@@ -14,3 +14,30 @@ rule aggregate:
 
         with logged_to(log[0]):
             aggregate(list(input.summaries), output.parquet, output.csv, labels=LABELS)
+
+
+rule never_worse:
+    """Every Feather policy against FCFS: the pipeline-scale cases (frozen learners included)
+    and every setting of the summary table that ran both (feather/bench/never_worse.py)."""
+    input:
+        table="results/summary.parquet",
+        policies=list(never_worse_policies().values()),
+    output:
+        "results/never_worse.json",
+    params:
+        feather=FEATHER,
+        code=RUN_CODE,
+        args=lambda wc: shlex.join(
+            [a for learner, path in never_worse_policies().items()
+             for a in ("--policy", f"{learner}={path}")]
+            + ["--cases", "large" if config.get("never_worse", "large") == "large" else "none"]
+        ),
+    log:
+        "logs/never_worse.log",
+    benchmark:
+        "logs/benchmarks/never_worse.tsv",
+    conda:
+        "../envs/feather.yaml"
+    shell:
+        "{params.feather} bench never-worse {params.args} --summary {input.table:q} "
+        "--out {output:q} --quiet > {log:q} 2>&1"

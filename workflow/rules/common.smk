@@ -173,11 +173,26 @@ def figure_names():
             if exp.runs or exp.training or exp.engine_batches for name in exp.figures]
 
 
+def never_worse_targets():
+    return [] if config.get("never_worse", "large") == "off" else ["results/never_worse.json"]
+
+
+def never_worse_policies():
+    """The frozen tables the never-worse benchmark deploys, `learner@hardware` -> file: the rl
+    experiment's learners on every device they trained on (none where it is off)."""
+    exp = EXPERIMENTS.get("rl")
+    if exp is None or exp.training is None:
+        return {}
+    return {f"{learner}@{hw}": f"results/{hw}/sim/rl/{learner}/policy.json"
+            for hw in exp.training["hardware"] for learner in exp.training["learners"]}
+
+
 def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
              "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets() + fidelity_targets() + report_pages())
+            + overhead_targets() + kernel_targets() + fidelity_targets() + never_worse_targets()
+            + report_pages())
 
 
 def profile_args():
@@ -234,6 +249,11 @@ def shape_args(options, kind="leval"):
 def training():
     """The rl experiment's training section (what the learners train and are evaluated on)."""
     return EXPERIMENTS["rl"].training
+
+
+def transfer():
+    """The rl experiment's transfer training (the table a real engine deploys), or {}."""
+    return (training() or {}).get("transfer") or {}
 
 
 def figure_meta(name):

@@ -8,6 +8,7 @@ for _batch in ENGINE_BATCHES:
             f"engine_{_batch.name}"
         input:
             _batch.workload_spec,
+            _batch.inputs(),
         output:
             [f"{d}/summary.json" for d in _batch.run_dirs()],
         params:

@@ -160,7 +160,12 @@ def after_process_batch_result(result: Any, scheduler: Any, *args: Any, **kwargs
     driver: AdmissionDriver | None = getattr(scheduler.policy, DRIVER_ATTR, None)
     if row is not None and driver is not None:
         driver.policy.report_step(
-            StepOutcome(row["batch_size"], row["sampled_tokens"], row["step_time_s"])
+            StepOutcome(
+                row["batch_size"],
+                row["sampled_tokens"],
+                row["step_time_s"],
+                row["prefill_tokens"],
+            )
         )
     return None
 

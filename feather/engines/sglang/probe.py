@@ -171,7 +171,9 @@ def main() -> int:
     os.environ.setdefault(SCHEDULER_VAR, "feather-static")
     out: dict[str, Any] = {"sglang": api.version, "entry_point": entry_point_check()}
 
-    static = {"min_batch": 4, "min_delta_tokens": 32}
+    # SGLang's kernels read each request's own pages, where Feather's rule is not consulted by
+    # default; ask it anyway: this probes the plugin's STOP path through SGLang's real adder
+    static = {"min_batch": 4, "min_delta_tokens": 32, "consult": "always", "min_share_tokens": 0}
     grouped, prefixes = interleaved_groups(groups=4, per_group=6, prefix=64, suffix=8)
     out["grouped"] = {}
     for label, policy, scheduler, params in (

@@ -236,7 +236,9 @@ class _FeatherSchedulingMixin:
             row.finished = self._finished_in_update
             if self.policy is not None:
                 self.policy.report_step(
-                    StepOutcome(row.batch_size, row.sampled_tokens, row.step_time_s)
+                    StepOutcome(
+                        row.batch_size, row.sampled_tokens, row.step_time_s, row.prefill_tokens
+                    )
                 )
         self._last_update, self._last_update_cpu = now, now_cpu
         return outputs

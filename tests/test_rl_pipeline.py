@@ -1,0 +1,130 @@
+"""The pipeline's RL and never-worse pieces: experiments' engine jobs with their own scheduler
+entries (a frozen table the pipeline trained), and the never-worse report over a summary
+table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from feather.bench.never_worse import from_summary, minimum_by_policy, variants, violations
+from feather.pipeline.experiments import ExperimentError, expand_engine_runs, load_experiment
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_rl_experiment_deploys_the_transfer_table_frozen_on_vllm_cpu() -> None:
+    experiment = load_experiment(REPO / "experiments" / "rl.yaml")
+    config = {"schedulers": {"fcfs": {}, "feather-static": {}}, "engines": ["vllm"]}
+    batches = expand_engine_runs(experiment, config, {"leval"}, {"vllm": "cpu"})
+    pressure = next(b for b in batches if b.workload == "cpu_pressure")
+    labels = [label for label, _, _ in pressure.schedulers]
+    assert labels == ["fcfs", "feather-static", "feather-stop", "feather-learned"]
+    learned = dict(pressure.schedulers[-1][2])
+    assert pressure.schedulers[-1][1] == "feather-ucb" and learned["frozen"] is True
+    transfer = experiment.training["transfer"]
+    expected = f"results/{transfer['hardware']}/sim/rl-transfer/{transfer['learner']}/policy.json"
+    assert pressure.inputs() == [expected] == [learned["policy_file"]]
+    assert pressure.repeats >= 5
+    args = pressure.cli_args()
+    assert args.count("--scheduler") == 4 and '"class": "feather-ucb"' in " ".join(args)
+    experiment.engine_templates[0]["scheduler"] = [{"label": "x", "nope": 1}]
+    with pytest.raises(ExperimentError, match="needs 'label'"):
+        expand_engine_runs(experiment, config, {"leval"}, {"vllm": "cpu"})
+
+
+def _row(**fields) -> dict:
+    base = {
+        "experiment": "c5",
+        "hardware": "a100-80gb",
+        "engine": "sim",
+        "model": "llama-3.1-8b",
+        "workload": "w",
+        "kernel": "paged",
+        "engine_mode": "vllm",
+        "kv_pool_tokens": 1000,
+        "load_factor": None,
+        "ttft_p99_s": 1.0,
+        "longest_wait_s": 2.0,
+    }
+    return {**base, **fields}
+
+
+def test_never_worse_over_a_summary_table_pairs_each_setting_with_its_fcfs() -> None:
+    table = pd.DataFrame(
+        [
+            _row(scheduler="fcfs", output_tok_s=100.0),
+            _row(scheduler="feather-static", output_tok_s=99.5),
+            _row(scheduler="feather-ucb", output_tok_s=98.0),
+            _row(scheduler="lpm", output_tok_s=50.0),
+            # another pool: its own FCFS
+            _row(scheduler="fcfs", output_tok_s=10.0, kv_pool_tokens=10),
+            _row(scheduler="feather-static", output_tok_s=40.0, kv_pool_tokens=10),
+            # below saturation: latency compared too
+            _row(scheduler="fcfs", output_tok_s=5.0, workload="load", load_factor=0.5),
+            _row(scheduler="feather-static", output_tok_s=5.0, workload="load", load_factor=0.5,
+                 longest_wait_s=2.4),
+            # a real engine's repeats: median against FCFS's slowest repeat
+            *[_row(engine="vllm", scheduler="fcfs", output_tok_s=v) for v in (9.0, 10.0, 11.0)],
+            *[_row(engine="vllm", scheduler="feather-static", output_tok_s=v)
+              for v in (8.0, 9.5, 12.0)],
+            _row(scheduler="feather-qlearn", output_tok_s=1.0, workload="no fcfs here"),
+        ]
+    )
+    results = from_summary(table)
+    assert len(results) == 4  # the setting without FCFS is left out
+    by = {(r["engine"], r["workload"], r["kv_pool_tokens"]): r["feather"] for r in results}
+    assert by[("sim", "w", "1000")]["feather-static"]["throughput_ratio"] == pytest.approx(0.995)
+    assert by[("sim", "w", "1000")]["feather-ucb (online)"]["throughput_ratio"] == 0.98
+    assert by[("sim", "w", "10")]["feather-static"]["throughput_ratio"] == 4.0
+    assert by[("sim", "load", "1000")]["feather-static"]["longest_wait_ratio"] == 1.2
+    assert "longest_wait_ratio" not in by[("sim", "w", "1000")]["feather-static"]
+    real = by[("vllm", "w", "1000")]["feather-static"]
+    assert real["median_tok_s"] == 9.5 and real["fcfs_min_tok_s"] == 9.0
+    assert real["median_at_or_above_fcfs_min"] is True
+    broken = {v for r in results for v in violations(r)}
+    assert broken == {
+        "feather-ucb (online): 0.980x FCFS throughput",
+        "feather-static: longest_wait_ratio 1.200",
+    }
+    worst = minimum_by_policy(results)
+    assert worst["feather-static"]["min_throughput_ratio"] == pytest.approx(0.995)
+    assert worst["feather-static"]["max_longest_wait_ratio"] == 1.2
+    (real,) = worst["feather-static"]["real_engine"]
+    assert real["median_over_fcfs_min"] == pytest.approx(9.5 / 9.0)
+
+
+def test_frozen_tables_deploy_on_their_own_device() -> None:
+    files = {"feather-ucb@a100-80gb": "a.json", "feather-qlearn": "any.json"}
+    on_a100 = {v.label: v.params for v in variants(files, "a100-80gb")}
+    on_ada = {v.label: v.params for v in variants(files, "rtx-6000-ada")}
+    assert on_a100["feather-ucb (frozen)"]["policy_file"] == "a.json"
+    assert "feather-ucb (frozen)" not in on_ada  # trained for another device only
+    assert on_ada["feather-qlearn (frozen)"] == {"policy_file": "any.json", "frozen": True}
+    assert {"feather-static", "feather-ucb (online)", "feather-qlearn (online)"} <= set(on_ada)
+
+
+def test_a_frozen_table_run_on_another_device_says_so(tmp_path) -> None:
+    from feather.policies import create_scheduler
+    from feather.sim.run import SimulationSpec, simulate
+
+    table = create_scheduler("feather-ucb")
+    table.trained_on = {"hardware": "a100-80gb", "model": "llama-3.1-8b", "kernel": "cascade"}
+    path = table.save(tmp_path / "ucb.json")
+    spec = SimulationSpec(
+        workload="synthetic:groups=2,per_group=4,prefix=64,suffix=8,output=4,seed=0",
+        scheduler="feather-ucb",
+        hardware="rtx-6000-ada",
+        model="llama-3.1-8b",
+        kernel="cascade",
+        scheduler_params={"policy_file": str(path), "frozen": True},
+    )
+    summary = simulate(spec).summary
+    assert summary["policy_scope_warning"] == (
+        "table trained elsewhere: hardware a100-80gb -> rtx-6000-ada"
+    )
+    assert summary["provenance"]["policy"]["params"]["trained_on"]["hardware"] == "a100-80gb"
+    same = simulate(spec.__class__(**{**spec.to_json(), "hardware": "a100-80gb"})).summary
+    assert same["policy_scope_warning"] is None
