@@ -232,6 +232,30 @@ def test_kernel_figure_is_readable(tmp_path: Path) -> None:
     readable(only_save(lambda out: kernel_figure.draw(documents, out), tmp_path), "kernels")
 
 
+def test_fidelity_figure_is_readable(tmp_path: Path) -> None:
+    """Three workloads (the full fidelity sweep), four schedulers, both metrics."""
+    import json
+
+    from feather.pipeline.fidelity import draw_fidelity
+
+    rows = []
+    for w, (workload, blocks) in enumerate((("leval_slice", 64), ("leval_slice_tight", 36),
+                                            ("leval_4k_8k_shuffled", 80))):
+        for metric in ("engine_cpu", "wall"):
+            for s, scheduler in enumerate(("fcfs", "lpm", "dfs-weight", "feather-static")):
+                ratio = 1.0 if scheduler == "fcfs" else 1.5 + 0.8 * s + 0.3 * w
+                rows.append({"experiment": "vllm", "workload": workload, "metric": metric,
+                             "scheduler": scheduler, "real_ratio_median": ratio,
+                             "real_ratio_min": ratio * 0.9, "real_ratio_max": ratio * 1.1,
+                             "sim_ratio": ratio * 1.07, "num_blocks": blocks})
+    totals = {m: {"within_tolerance": 10, "ratios": 12, "agreeing_pairs": 14, "resolved_pairs": 16}
+              for m in ("engine_cpu", "wall")}
+    doc = tmp_path / "fidelity.json"
+    doc.write_text(json.dumps({"rows": rows, "totals": totals,
+                               "definitions": {"tolerance": 0.15}}))
+    readable(only_save(lambda out: draw_fidelity(doc, out), tmp_path), "fidelity")
+
+
 def test_every_module_that_saves_a_figure_is_checked_here() -> None:
     """A new module drawing figures needs its test above (then add it to this list)."""
     saving = {
@@ -254,7 +278,7 @@ def test_every_figure_an_experiment_names_is_registered() -> None:
     simulation in the pipeline's last rule."""
     import yaml
 
-    drawn = set(FIGURES) | set(OVERHEAD)
+    drawn = set(FIGURES) | set(OVERHEAD) | {"fidelity"}  # fidelity: its own rule draws it
     tests = Path(__file__).resolve().parent
     for path in [*(PACKAGE.parent / "experiments").glob("*.yaml"),
                  *(tests / "fixtures" / "tiny_experiments").glob("*.yaml")]:

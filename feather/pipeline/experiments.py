@@ -407,7 +407,7 @@ def _check_workload_options(spec: str, kind: str, options: str) -> None:
 KERNELS = ("paged", "cascade", "pat")
 ENGINE_MODES = ("vllm", "sglang")
 # `feather run` flags an engine_runs entry's options may set (each becomes --key value)
-ENGINE_RUN_OPTIONS = {*ENGINE_FIELDS, "max_model_len", "dtype", "cascade_attention"}
+ENGINE_RUN_OPTIONS = {*ENGINE_FIELDS, "max_model_len", "dtype", "cascade_attention", "threads"}
 
 
 def _is_count(value: Any) -> bool:
@@ -472,7 +472,7 @@ def _check_engine_template(where: str, template: dict[str, Any]) -> None:
             raise ExperimentError(
                 f"{where}: option {key!r} is not one of {', '.join(sorted(ENGINE_RUN_OPTIONS))}"
             )
-        if key in (*ENGINE_FIELDS, "max_model_len") and not _is_count(value):
+        if key in (*ENGINE_FIELDS, "max_model_len", "threads") and not _is_count(value):
             raise ExperimentError(f"{where}: option {key} {value!r} is not a whole number >= 1")
 
 
