@@ -406,6 +406,10 @@ def test_summary_table_has_provenance_columns(finished: Path) -> None:
         assert column in frame.columns
     summary = json.loads(Path(finished / frame.summary_path[0]).read_text())
     assert summary["provenance"]["simulated_hardware"]["name"] == frame.hardware[0]
+    # every simulated run names the model that priced its scheduling, and whether it overlapped
+    sims = frame[frame.engine == "sim"]
+    assert sims.sched_cost_model.notna().all() and sims.overlap_scheduling.notna().all()
+    assert set(sims[sims.engine_mode == "sglang"].overlap_scheduling) <= {True}
 
 
 def test_the_rules_conda_env_pins_what_the_lock_pins() -> None:

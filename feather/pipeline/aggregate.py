@@ -94,6 +94,11 @@ def _environment_columns(provenance: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _sched_cost(summary: dict[str, Any]) -> dict[str, Any]:
+    model = summary.get("sched_cost_model")
+    return model if isinstance(model, dict) else {}
+
+
 def summary_row(path: Path) -> dict[str, Any]:
     try:
         summary = json.loads(path.read_text())
@@ -153,6 +158,10 @@ def summary_row(path: Path) -> dict[str, Any]:
         **{f"time_{part}_s": (summary.get("time_split_s") or {}).get(part)
            for part in TIME_PARTS},
         "cascade_steps": summary.get("cascade_steps"),
+        # which model priced scheduling (feather/sim/sched_measured.py) and whether it
+        # overlapped the GPU step; a real engine's runs have neither
+        "sched_cost_model": _sched_cost(summary).get("name"),
+        "overlap_scheduling": _sched_cost(summary).get("overlap_scheduling"),
         "sched_fraction_of_step_time": summary.get("sched_fraction_of_step_time"),
         "sched_cpu_s_measured": summary.get("sched_cpu_s_measured"),
         "fraction_of_oracle": summary.get("fraction_of_oracle"),
