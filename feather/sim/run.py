@@ -168,7 +168,11 @@ def simulate(
             f"build the workload for this model (feather workload build --model {spec.model})"
         )
     kv_bytes_per_block = spec.block_size * model.kv_bytes_per_token
-    device_blocks = int(hardware.kv_pool_bytes(model) // kv_bytes_per_block)
+    # a CPU engine's pool is configured, not what device memory leaves (hardware.py says so)
+    device_blocks = (
+        None if hardware.step_time is not None
+        else int(hardware.kv_pool_bytes(model) // kv_bytes_per_block)
+    )
     num_blocks = spec.num_blocks or device_blocks
     if spec.kv_pool_fraction is not None:
         distinct = shared_prefix_tokens_of(workload)
@@ -178,9 +182,15 @@ def simulate(
                 "prefix tokens is undefined (use --num-blocks)"
             )
         num_blocks = math.ceil(spec.kv_pool_fraction * distinct / spec.block_size)
+    if num_blocks is None:
+        hardware.kv_pool_bytes(model)  # raises: a CPU engine's pool must be given
     if num_blocks < 1:
         raise ValueError(f"{spec.model} leaves no memory for KV blocks on {spec.hardware}")
-    regime = regime_fields(workload, num_blocks * spec.block_size, device_blocks * spec.block_size)
+    regime = regime_fields(
+        workload,
+        num_blocks * spec.block_size,
+        None if device_blocks is None else device_blocks * spec.block_size,
+    )
     config = EngineConfig(
         mode=spec.engine_mode,
         num_blocks=num_blocks,
