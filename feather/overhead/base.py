@@ -26,6 +26,9 @@ class Prepared:
     matches: list[int]
     arrival_s_per_request: float  # what the implementation pays once per arriving request
     arrival_cpu_s_per_request: float | None = None  # the same in thread CPU time, where timed
+    # Feather only: the CHT insertion from precomputed chunk hashes (vLLM hands its own block
+    # hashes to the CHT, so inside vLLM the policy never hashes a prompt), thread CPU time
+    arrival_hashes_cpu_s_per_request: float | None = None
 
 
 @dataclass

@@ -191,6 +191,8 @@ class Harness:
                     "arrival_s_per_request": prepared[worker.spec.key]["arrival_s_per_request"],
                     "arrival_cpu_s_per_request":
                         prepared[worker.spec.key].get("arrival_cpu_s_per_request"),
+                    "arrival_hashes_cpu_s_per_request":
+                        prepared[worker.spec.key].get("arrival_hashes_cpu_s_per_request"),
                     "agreed": True,
                 })
         return rows

@@ -20,7 +20,15 @@ def _fit(args: argparse.Namespace) -> int:
     rows_file = Path(args.rows_out).name if args.rows_out else None
     # fitted from the compact text it keeps, so refitting the committed rows reproduces it
     rows = sched_fit.rows_from_csv(sched_fit.bench_csv(rows))
-    data = sched_fit.measured_data(rows, records, rows_file)
+    if args.extend:
+        import json
+
+        if not args.only:
+            raise ValueError("--extend needs --only COMPONENT (what to fit from this bench)")
+        base = json.loads(Path(args.extend).read_text())
+        data = sched_fit.extend_data(base, rows, records, args.only, rows_file)
+    else:
+        data = sched_fit.measured_data(rows, records, rows_file)
     if args.rows_out:
         write_text_atomic(args.rows_out, sched_fit.bench_csv(rows))
     write_json_atomic(args.out, data)
@@ -96,6 +104,10 @@ def register(commands: Any) -> None:
                      help="bench .parquet (repeatable: a sweep run in pieces; .json beside it)")
     fit.add_argument("--out", required=True, help="the models' data file (.json)")
     fit.add_argument("--rows-out", help="also write the rows fitted, as compact CSV")
+    fit.add_argument("--extend", metavar="DATA",
+                     help="keep this data file's components, adding those --only names")
+    fit.add_argument("--only", action="append", metavar="COMPONENT",
+                     help="with --extend: a component to fit from --bench (repeatable)")
     fit.set_defaults(func=_fit)
     refit = sub.add_parser("refit", help="refit into a results folder, with a drift report "
                                          "against the committed default (which stays)")

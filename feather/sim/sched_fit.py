@@ -13,6 +13,7 @@ fit redone without that case: leave-one-case-out).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -29,7 +30,8 @@ CASE_FIELDS = ("waiting", "prefix_tokens", "groups", "batch", "page", "suffix_to
                "uncached_groups")
 ROW_COLUMNS = (*CASE_FIELDS, "engine", "engine_version", "structure", "variant", "batch_s",
                "batch_s_min", "batch_s_max", "repeats", "decisions", "admitted",
-               "arrival_s_per_request", "arrival_cpu_s_per_request")
+               "arrival_s_per_request", "arrival_cpu_s_per_request",
+               "arrival_hashes_cpu_s_per_request")
 HOST_NOTE = (
     "CPU times measured on a 2-core VM (2 vCPUs, shared with other sessions while the bench "
     "ran); a server CPU pays less: scale with care."
@@ -61,8 +63,11 @@ def components_of(row: pd.Series | dict) -> list[str]:
     if engine == "vllm" and variant == "fcfs":
         return ["vllm:lookup"]
     if engine == "feather":
-        return {"feather-static": ["feather:decision"], "cht": ["feather:arrival"]}.get(
-            variant, [])
+        if variant == "cht":
+            hashed = row.get("arrival_hashes_cpu_s_per_request")
+            timed = hashed is not None and not (isinstance(hashed, float) and math.isnan(hashed))
+            return ["feather:arrival", *(["feather:arrival-hashes"] if timed else [])]
+        return ["feather:decision"] if variant == "feather-static" else []
     if engine != "sglang":
         return []
     release = release_of(row)
@@ -85,6 +90,9 @@ def row_features(component: str, row: pd.Series | dict) -> tuple[dict[str, float
     cached_groups = int(row["groups"]) - int(row.get("uncached_groups", 0) or 0)
     n = float(row["decisions"])
     form = form_of(component)
+    if component == "feather:arrival-hashes":
+        seconds = float(row["arrival_hashes_cpu_s_per_request"])
+        return {"per_arrival_s": 1.0, "per_arrival_chunk_s": length / page}, seconds
     if form == "arrival":
         seconds = row.get("arrival_cpu_s_per_request")
         if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
@@ -167,8 +175,9 @@ def normalise(rows: pd.DataFrame) -> pd.DataFrame:
     rows = rows.copy()
     if "uncached_groups" not in rows:
         rows["uncached_groups"] = 0
-    if "arrival_cpu_s_per_request" not in rows:
-        rows["arrival_cpu_s_per_request"] = np.nan
+    for column in ("arrival_cpu_s_per_request", "arrival_hashes_cpu_s_per_request"):
+        if column not in rows:
+            rows[column] = np.nan
     return rows
 
 
@@ -246,10 +255,39 @@ def measured_data(
     }
 
 
+def extend_data(
+    data: dict[str, Any],
+    rows: pd.DataFrame,
+    records: Sequence[dict[str, Any]],
+    only: Sequence[str],
+    rows_file: str | None = None,
+) -> dict[str, Any]:
+    """`data` with the components `only` fitted from another bench run (e.g. a component the
+    committed sweep did not measure), that run's provenance listed under `extensions`; every
+    other component is kept as it was."""
+    rows = normalise(rows)
+    fitted = fit_bench(rows)
+    missing = [c for c in only if c not in fitted]
+    if missing:
+        raise ValueError(f"the bench rows do not measure {missing}")
+    out = json.loads(json.dumps(data))
+    out["components"].update({c: fitted[c] for c in only})
+    out.setdefault("extensions", []).append({
+        "components": list(only),
+        "rows_file": rows_file,
+        "rows_sha256": hashlib.sha256(bench_csv(rows).encode()).hexdigest(),
+        "rows": len(rows),
+        "runs": bench_record(records),
+    })
+    return out
+
+
 def bench_csv(rows: pd.DataFrame) -> str:
     """The rows the fit reads, as compact, stable text (committed beside the data)."""
     rows = normalise(rows)
-    columns = [c for c in ROW_COLUMNS if c in rows]
+    # a column later benches added is written only where measured (older rows stay as they were)
+    columns = [c for c in ROW_COLUMNS if c in rows
+               and (c != "arrival_hashes_cpu_s_per_request" or rows[c].notna().any())]
     ordered = rows[columns].sort_values(
         [*CASE_FIELDS, "engine", "engine_version", "structure", "variant"], kind="stable")
     return ordered.to_csv(index=False, float_format="%.9g", lineterminator="\n")

@@ -16,7 +16,10 @@ provenance). A model prices one engine step's `StepWork`:
         1 + W waiting + T tokens of the waiting requests + N nodes of the tree
       lpm with more than 128 waiting: SGLang's FCFS fallback (1 + W), no matching
     feather-*: the CHT policy's ADD/STOP decision (decisions, decisions x log2(1 + W),
-      chunks of the candidates) and the CHT insertion per arriving request (1 + chunks)
+      chunks of the candidates) and the CHT insertion per arriving request (1 + chunks):
+      in vllm mode from vLLM's own block hashes (`feather:arrival-hashes`; vLLM hashes every
+      request whatever the scheduler, and Feather reuses those hashes), in sglang mode from
+      the tokens, hashing them (`feather:arrival`)
     fcfs and every other policy: nothing more
 
 Every price is in seconds of thread CPU time measured on the bench's host (a 2-core VM:
@@ -52,6 +55,7 @@ COMPONENT_FORMS = {
     "vllm:lookup": "lookup",
     "feather:decision": "decision",
     "feather:arrival": "arrival",
+    "feather:arrival-hashes": "arrival",
     "match": "match",
     "lpm": "pass",
     "lpm-fallback": "fallback",
@@ -141,6 +145,8 @@ class MeasuredCostModel:
         self.lpm, self.lpm_fallback = linear(f"{release}:lpm"), linear(f"{release}:lpm-fallback")
         self.dfs_weight = linear(f"{release}:dfs-weight")
         self.decision, self.arrival = linear("feather:decision"), linear("feather:arrival")
+        if mode == "vllm" and "feather:arrival-hashes" in parts:
+            self.arrival = linear("feather:arrival-hashes")
         self.source = {
             "name": name,
             "release": release,
