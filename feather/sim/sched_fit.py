@@ -311,7 +311,7 @@ def reference_costs(data: dict[str, Any]) -> list[dict[str, Any]]:
                    "suffix_tokens": 64, "seed": 0, "uncached_groups": 0,
                    "decisions": 65 if component == "feather:decision" else 64, "admitted": 64,
                    "batch_s": 1.0, "arrival_s_per_request": 1.0,
-                   "arrival_cpu_s_per_request": 1.0}
+                   "arrival_cpu_s_per_request": 1.0, "arrival_hashes_cpu_s_per_request": 1.0}
             features, _ = row_features(component, row)
             seconds = sum(c * features[k] for k, c in part["coefficients"].items())
             out.append({"component": component, "waiting": w, "prefix_tokens": p,
