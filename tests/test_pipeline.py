@@ -322,7 +322,7 @@ def test_a_failed_run_leaves_no_summary_to_trust(finished: Path) -> None:
         (
             {"schedulers": {"feather-static": {"params": {"min_batch": "abc"}}}},
             "scheduler 'feather-static': parameter min_batch = 'abc' (given in config.yaml "
-            "schedulers.feather-static.params): expected int",
+            "schedulers.feather-static.params): expected int | None",
         ),
         (
             {"schedulers": {"fcfs": {"params": {"min_batch": 4}}}},
@@ -369,7 +369,7 @@ def test_a_bad_experiment_template_fails_at_parse_time(tmp_path) -> None:
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1] == (
         f"{experiments / 'c6.yaml'}: run template 0: scheduler 'feather-static': parameter "
-        "min_batch = 'many': expected int"
+        "min_batch = 'many': expected int | None"
     )
     assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()
 

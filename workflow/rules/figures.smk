@@ -60,14 +60,16 @@ rule verdicts:
         "figures/verdicts.md",
     params:
         overhead_dir=lambda wc, input: str(Path(input.overhead[0]).parent) if input.overhead else None,
+        kernel_files=lambda wc, input: list(input.kernels),
+        fidelity_path=lambda wc, input: input.fidelity[0] if input.fidelity else None,
     log:
         "logs/figures/verdicts.log",
     run:
         from feather.pipeline.verdicts import write_verdicts
 
         with logged_to(log[0]):
-            write_verdicts(input.table, output[0], params.overhead_dir, list(input.kernels),
-                           input.fidelity[0] if input.fidelity else None)
+            # params in write_verdicts' order: overhead_dir, kernel_files, fidelity_path
+            write_verdicts(input.table, output[0], *params)
 
 
 # Pages of Snakemake's HTML report: our numbers, and the verdicts where there are any.
