@@ -27,6 +27,7 @@ from feather.pipeline.experiments import (
     load_all,
     load_experiment,
 )
+from feather.pipeline.fidelity import draw_fidelity
 from feather.pipeline.figures import draw
 from feather.sim.hardware import get_hardware
 
@@ -203,9 +204,12 @@ def test_the_figures_of_a_real_run_are_readable(finished: Path, tmp_path: Path) 
         for path in experiment_files(TINY_EXPERIMENTS):
             experiment = load_experiment(path)
             for name in experiment.figures:
-                reports = sorted(results.glob("*/sim/rl/*/report.json"))
-                draw(name, results / "summary.parquet", tmp_path / f"{name}.png",
-                     meta(experiment), reports if name == "rl_policies" else ())
+                if name == "fidelity":  # its own rule draws it, from the fidelity table
+                    draw_fidelity(results / "fidelity" / "fidelity.json", tmp_path / "f.png")
+                else:
+                    reports = sorted(results.glob("*/sim/rl/*/report.json"))
+                    draw(name, results / "summary.parquet", tmp_path / f"{name}.png",
+                         meta(experiment), reports if name == "rl_policies" else ())
                 drawn += 1
         rows = pd.read_parquet(results / "cpu" / "overhead" / "bench.parquet")
         hardware = [get_hardware("a100-80gb"), get_hardware("h200")]

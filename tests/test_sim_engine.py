@@ -98,8 +98,17 @@ def test_feather_keeps_batches_homogeneous_in_the_engine() -> None:
     w = load_workload(
         "synthetic:groups=4,per_group=20,prefix=512,suffix=16,output=8,order=shuffled,seed=4"
     )
-    _, fcfs = run(w, "fcfs", num_blocks=4000, max_num_seqs=64)
-    _, feather = run(w, "feather-static", num_blocks=4000, max_num_seqs=64)
+    _, fcfs = run(w, "fcfs", num_blocks=4000, max_num_seqs=64, prefix_read_once=True)
+    # the rule is asked where the kernel reads the common prefix once (cascade); thresholds
+    # that let a 20-request group of 512-token prefixes stop (the defaults need half the slots
+    # and 1024 tokens: docs/stop.md)
+    static = create_scheduler("feather-static", chunk_size=16, min_batch=2, min_delta_tokens=256)
+    cost = CheckingCost()
+    engine = Engine(w.requests, static,
+                    EngineConfig(num_blocks=4000, max_num_seqs=64, prefix_read_once=True),
+                    cost, ZERO)
+    cost.engine = engine
+    feather = engine.run()
 
     def groups(result):
         return [len({s.group for s in step.batch.seqs}) for step in result.steps]

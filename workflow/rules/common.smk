@@ -354,6 +354,8 @@ def report_labels(figure=None):
             ours = report.overhead_ours(name, OVERHEAD_DIR)
         elif name == "kernels":
             ours = report.kernels_ours(p for p in kernel_results() if Path(p).is_file())
+        elif name == "fidelity":
+            ours = report.fidelity_ours(Path(FIDELITY_DIR) / "fidelity.json")
         else:
             ours = report.ours_from_table("figures/ours.md", name)
         return report.figure_labels(name, REPO / "figures" / "README.md", ours)

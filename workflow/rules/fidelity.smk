@@ -22,7 +22,8 @@ rule fidelity_figure:
     input:
         f"{FIDELITY_DIR}/fidelity.json",
     output:
-        "figures/fidelity.png",
+        report("figures/fidelity.png", caption="../report/figure.rst", category="Figures",
+               labels=report_labels("fidelity")),
     log:
         "logs/figures/fidelity.log",
     run:
