@@ -250,24 +250,12 @@ class FeatherStaticPolicy(FeatherPolicy):
     def __init__(
         self,
         *,
-        seed: int = 0,
-        chunk_size: int = 16,
-        max_bypass: int | None = 1000,
-        candidate_order: str = "deepest",
-        consult: str = "kernel",
-        min_share_tokens: int = 256,
         min_batch: int | None = None,
         min_batch_fraction: float = 0.5,
         min_delta_tokens: int = 1024,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            seed=seed,
-            chunk_size=chunk_size,
-            max_bypass=max_bypass,
-            candidate_order=candidate_order,
-            consult=consult,
-            min_share_tokens=min_share_tokens,
-        )
+        super().__init__(**kwargs)  # FeatherPolicy's own (the registry follows **kwargs there)
         if min_batch is not None and min_batch < 2:
             raise ValueError(f"min_batch must be >= 2, got {min_batch}")
         if not 0.0 < min_batch_fraction <= 1.0:
