@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 
 from feather.models import get_model
 from feather.overhead import report
-from feather.overhead.envs import STATUS_FILE, build_env, read_status
+from feather.overhead.envs import (
+    SHARED_DIR,
+    STATUS_FILE,
+    build_env,
+    lock_file,
+    lock_pins,
+    read_status,
+    shareable,
+)
 from feather.overhead.harness import AgreementError, Harness, ImplSpec, Worker
 from feather.overhead.scenario import (
     Case,
@@ -228,6 +236,54 @@ def test_env_builder_reuses_a_built_env_with_the_same_lock(tmp_path: Path) -> No
     assert status.ok and status.version == "9.9" and status.trees == ("python",)
     lock.write_text("x==2\n")  # a changed lock rebuilds (and fails here: x==2 is no package)
     assert not build_env("fake", dest, lock=lock).ok
+
+
+def test_sglang_env_links_our_torch_instead_of_a_second_copy(sglang_python: str) -> None:
+    """torch and Triton (~1.75 GB) are the builds our environment holds: linked, not copied;
+    SGLang's interpreter imports exactly our torch and reports the pinned version."""
+    import subprocess
+
+    import torch
+
+    env = Path(sglang_python).parents[1]
+    pins = lock_pins(lock_file(SGLANG))
+    assert read_status(env)["shared"] == {"torch": pins["torch"], "triton": pins["triton"]}
+    links = sorted(p.name for p in (env / SHARED_DIR).iterdir())
+    assert "torch" in links and "triton" in links
+    assert all((env / SHARED_DIR / name).is_symlink() for name in links)
+    probe = ("import torch, importlib.metadata as m, os; "
+             "print(os.path.realpath(torch.__file__), m.version('torch'))")
+    out = subprocess.run([sglang_python, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [os.path.realpath(torch.__file__), pins["torch"]]
+
+
+def test_only_an_exactly_pinned_version_is_shared(tmp_path: Path) -> None:
+    import torch
+
+    lock = tmp_path / "lock.txt"
+    lock.write_text(f"# comment\nTorch=={torch.__version__}\ntriton==0.0.1\nsglang>=1\n")
+    assert lock_pins(lock) == {"torch": torch.__version__, "triton": "0.0.1"}
+    assert sorted(shareable(lock)) == ["torch"]  # Triton's pin is not the version we hold
+    lock.write_text("torch==0.0.1\n")
+    assert shareable(lock) == {}
+
+
+def test_a_reused_env_whose_shared_links_broke_is_rebuilt(tmp_path: Path) -> None:
+    import hashlib
+
+    lock = tmp_path / "lock.txt"
+    lock.write_text("feather-no-such-package-anywhere==0.0.1\n")
+    dest = tmp_path / "env"
+    (dest / "bin").mkdir(parents=True)
+    (dest / "bin" / "python").write_text("")
+    (dest / SHARED_DIR).mkdir()
+    (dest / SHARED_DIR / "torch").symlink_to(tmp_path / "gone")
+    record = {"status": "ok", "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest(),
+              "sglang": "9.9", "trees": ["python"]}
+    (dest / STATUS_FILE).write_text(json.dumps(record))
+    status = build_env("fake", dest, lock=lock)  # rebuilt, and fails: the pin is no package
+    assert not status.ok and "feather-no-such-package-anywhere" in status.reason
 
 
 # ---- the report's arithmetic ------------------------------------------------------------------

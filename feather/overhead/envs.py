@@ -13,6 +13,11 @@ A failed build leaves only the record (never a half-built venv); an interrupted 
 record and is rebuilt; so the pipeline reports a baseline as skipped with the reason and goes
 on. A built environment whose lock file is unchanged is reused.
 
+The heaviest pins (torch and Triton, ~1.75 GB of SGLang's 2.5 GB) are usually the very builds
+our own environment holds: those are linked from it instead of installed twice
+(`SHARED_PACKAGES`; a folder of links on the new environment's path, recorded as `shared`).
+A pin our environment does not hold at that exact version is installed as usual.
+
 `install_feather=True` also installs our package into the environment (`install_feather_into`):
 a link to it on the environment's path and a small dist-info carrying its SGLang plugin entry
 point, which is how SGLang's spawned scheduler process finds the plugin.
@@ -21,7 +26,9 @@ point, which is how SGLang's spawned scheduler process finds the plugin.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +44,11 @@ from feather.atomic import write_json_atomic
 
 LOCKS = Path(__file__).with_name("locks")
 STATUS_FILE = "feather-env.json"
+# Linked from the running environment when it holds the lock's exact version (see above).
+SHARED_PACKAGES = ("torch", "triton")
+SHARED_DIR = "shared-site"  # inside the env: links to the shared packages' files
+SHARED_PTH = "feather-shared.pth"
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s*$")
 
 # Imports SGLang's scheduling code, builds its trees and a request: what the harness needs.
 _SELF_TEST = """
@@ -102,12 +114,7 @@ def install_feather_into(env: Path) -> Path:
     )
 
     env = Path(env).absolute()
-    python = env / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()
-    site = Path(purelib)
+    site = Path(_purelib(env / "bin" / "python"))
     link_dir = env / FEATHER_LINK_DIR
     package = Path(feather.__file__).resolve().parent
     link = link_dir / "feather"
@@ -130,6 +137,75 @@ def install_feather_into(env: Path) -> Path:
     record = [f"{dist_info.name}/{name},," for name in [*files, "RECORD"]]
     (dist_info / "RECORD").write_text("\n".join([*record, f"{FEATHER_PTH},,"]) + "\n")
     return dist_info
+
+
+def lock_pins(lock: Path) -> dict[str, str]:
+    """`name==version` lines of a lock file, by normalised name (PEP 503)."""
+    pins = {}
+    for line in lock.read_text().splitlines():
+        match = _PIN.match(line.strip())
+        if match:
+            pins[_normalise(match.group(1))] = match.group(2)
+    return pins
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def shareable(lock: Path) -> dict[str, importlib.metadata.Distribution]:
+    """The `SHARED_PACKAGES` this interpreter holds at exactly the version `lock` pins."""
+    pins = lock_pins(lock)
+    found = {}
+    for name in SHARED_PACKAGES:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if pins.get(_normalise(name)) == dist.version and dist.files:
+            found[name] = dist
+    return found
+
+
+def _top_level_entries(dist: importlib.metadata.Distribution) -> list[Path]:
+    """The files and folders a distribution put directly in its site-packages (scripts
+    installed outside it, `../../bin/...`, are left out: nothing we run needs them)."""
+    site = Path(str(dist.locate_file("")))
+    names = sorted({f.parts[0] for f in dist.files or () if f.parts and f.parts[0] != ".."})
+    return [site / name for name in names if (site / name).exists()]
+
+
+def link_shared(env: Path, dists: dict[str, importlib.metadata.Distribution]) -> dict[str, str]:
+    """Link `dists` into `env` (a folder of links and a .pth naming it, after the env's own
+    site-packages on the path); returns {name: version} for the status record."""
+    site = Path(_purelib(env / "bin" / "python"))
+    shared = env / SHARED_DIR
+    shared.mkdir(exist_ok=True)
+    for dist in dists.values():
+        for entry in _top_level_entries(dist):
+            (shared / entry.name).symlink_to(entry)
+    (site / SHARED_PTH).write_text(f"{shared}\n")
+    return {name: dist.version for name, dist in dists.items()}
+
+
+def _links_intact(env: Path) -> bool:
+    shared = env / SHARED_DIR
+    return not shared.exists() or all(link.exists() for link in shared.iterdir())
+
+
+def _without(lock: Path, names: set[str], dest: Path) -> Path:
+    """A copy of `lock` at `dest` without the pins of `names`."""
+    kept = [line for line in lock.read_text().splitlines()
+            if not ((m := _PIN.match(line.strip())) and _normalise(m.group(1)) in names)]
+    dest.write_text("\n".join(kept) + "\n")
+    return dest
+
+
+def _purelib(python: Path) -> str:
+    return subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
 
 
 def read_status(dest: Path) -> dict[str, Any] | None:
@@ -192,7 +268,7 @@ def _build_env(
     digest = _sha256(lock)
     previous = read_status(dest)
     reusable = previous and previous.get("status") == "ok" and previous.get("lock_sha256") == digest
-    if reusable and (dest / "bin" / "python").exists():
+    if reusable and (dest / "bin" / "python").exists() and _links_intact(dest):
         progress(f"{name}: reusing {dest}")
         return EnvStatus(name, "ok", dest, version=previous.get("sglang", ""),
                          trees=tuple(previous.get("trees", ())))
@@ -204,8 +280,15 @@ def _build_env(
         progress(f"{name}: creating a venv at {dest}")
         venv.EnvBuilder(with_pip=True, symlinks=True).create(dest)
         python = str(dest / "bin" / "python")
+        shared_dists = shareable(lock)
+        shared = link_shared(dest, shared_dists) if shared_dists else {}
+        if shared:
+            progress(f"{name}: linking {', '.join(f'{n} {v}' for n, v in shared.items())} "
+                     "from this environment")
+        to_install = _without(lock, {_normalise(n) for n in shared}, dest / "lock-unshared.txt")
         progress(f"{name}: installing {lock.name} (--no-deps; ~1-2 minutes)")
-        install = ["-m", "pip", "install", "--no-deps", "--no-input", "-r", str(lock)]
+        install = ["-m", "pip", "install", "--no-deps", "--no-input", "--no-cache-dir",
+                   "-r", str(to_install)]
         pip = _run([python, *install], log)
         if pip.returncode != 0:
             return _skipped(name, dest, digest, f"pip install failed:\n{_tail(log)}")
@@ -218,6 +301,7 @@ def _build_env(
         record = {
             "status": "ok", "name": name, "python": python, "lock": str(lock),
             "lock_sha256": digest, "sglang": facts["version"], "trees": facts["trees"],
+            "shared": shared,
             "built_with": sys.version.split()[0],
         }
         write_json_atomic(dest / STATUS_FILE, record)
