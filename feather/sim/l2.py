@@ -34,8 +34,10 @@ Every layer repeats the same pattern, so one layer is modelled.
 Two implementations:
   - `exact_l2`: the full access trace through a true LRU (slow; tests and small cases);
   - `fast_l2`: what the simulator calls each step; same schedule, reuse decided analytically
-    (see `_fast_from_signature`), memoised on the batch's sharing structure. It sees sharing
+    (see `fast_from_signature_numpy`), memoised on the batch's sharing structure. It sees sharing
     through the batch's prefix tree (`feather.batch_tree.BatchTree`) and assumes capacity >= window.
+    The simulator runs the same algorithm compiled (`feather.sim.l2_jit`, identical integers);
+    the numpy version here is its specification and the fallback without numba.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from functools import lru_cache
 import numpy as np
 
 from feather.batch_tree import BatchTree
+from feather.sim import l2_jit
 
 SEQUENCE_FASTEST = "sequence_fastest"
 HEAD_FASTEST = "head_fastest"
@@ -199,6 +202,19 @@ def fast_l2_tree(tree: BatchTree, grid: KernelGrid) -> L2Result:
 
 @lru_cache(maxsize=_FAST_CACHE_ENTRIES)
 def _fast_from_signature(signature: tuple[tuple[int, ...], ...], grid: KernelGrid) -> L2Result:
+    if not l2_jit.AVAILABLE:
+        return fast_from_signature_numpy(signature, grid)
+    parent, offset, length, ends = (np.asarray(x, dtype=np.int64) for x in signature)
+    reads, hits = l2_jit.fast_counts(
+        parent, offset, length, ends, grid.heads, grid.kv_group, grid.window,
+        grid.capacity_items, grid.order == SEQUENCE_FASTEST,
+    )
+    return L2Result(int(reads), int(hits))
+
+
+def fast_from_signature_numpy(
+    signature: tuple[tuple[int, ...], ...], grid: KernelGrid
+) -> L2Result:
     """Reuse-distance evaluation of the lockstep trace.
 
     A "run" is one thread block reading one tree node for one KV head: it reads the node's item
@@ -219,6 +235,8 @@ def _fast_from_signature(signature: tuple[tuple[int, ...], ...], grid: KernelGri
     positions, each standing for its share of the run.
     """
     parent, offset, length, ends = signature
+    if not parent:  # every sequence empty
+        return L2Result(0, 0)
     n_seqs = len(ends)
     par = np.asarray(parent, dtype=np.int64)
     node_off = np.asarray(offset, dtype=np.int64)
