@@ -78,6 +78,10 @@ class BlockPool:
     # ---- changes -------------------------------------------------------------------------------
     def allocate(self, seq_id: Hashable, num_tokens: int, hit: Sequence[int] = ()) -> bool:
         """Hold blocks for num_tokens tokens, starting with the cache hits; all or nothing."""
+        if not hit:  # most calls: a decode step whose last block still has room
+            held = self._held.get(seq_id)
+            if held is not None and len(held) * self.block_size >= num_tokens:
+                return True
         if self.blocks_needed(seq_id, num_tokens, hit) > len(self._free):
             return False
         held = self._held.setdefault(seq_id, [])
