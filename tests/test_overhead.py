@@ -221,17 +221,23 @@ def test_env_builder_skips_with_the_reason_and_leaves_no_half_built_env(tmp_path
     assert read_status(dest)["status"] == "skipped"
 
 
-def test_env_builder_reuses_a_built_env_with_the_same_lock(tmp_path: Path) -> None:
+def _recorded_as_built(tmp_path: Path, lock_text: str) -> tuple[Path, Path]:
+    """A lock and an environment whose status record says it was built from that lock."""
+    import hashlib
+
     lock = tmp_path / "lock.txt"
-    lock.write_text("x==1\n")
+    lock.write_text(lock_text)
     dest = tmp_path / "env"
     (dest / "bin").mkdir(parents=True)
     (dest / "bin" / "python").write_text("")
-    import hashlib
-
     record = {"status": "ok", "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest(),
               "sglang": "9.9", "trees": ["python"]}
     (dest / STATUS_FILE).write_text(json.dumps(record))
+    return lock, dest
+
+
+def test_env_builder_reuses_a_built_env_with_the_same_lock(tmp_path: Path) -> None:
+    lock, dest = _recorded_as_built(tmp_path, "x==1\n")
     status = build_env("fake", dest, lock=lock)
     assert status.ok and status.version == "9.9" and status.trees == ("python",)
     lock.write_text("x==2\n")  # a changed lock rebuilds (and fails here: x==2 is no package)
@@ -270,18 +276,9 @@ def test_only_an_exactly_pinned_version_is_shared(tmp_path: Path) -> None:
 
 
 def test_a_reused_env_whose_shared_links_broke_is_rebuilt(tmp_path: Path) -> None:
-    import hashlib
-
-    lock = tmp_path / "lock.txt"
-    lock.write_text("feather-no-such-package-anywhere==0.0.1\n")
-    dest = tmp_path / "env"
-    (dest / "bin").mkdir(parents=True)
-    (dest / "bin" / "python").write_text("")
+    lock, dest = _recorded_as_built(tmp_path, "feather-no-such-package-anywhere==0.0.1\n")
     (dest / SHARED_DIR).mkdir()
     (dest / SHARED_DIR / "torch").symlink_to(tmp_path / "gone")
-    record = {"status": "ok", "lock_sha256": hashlib.sha256(lock.read_bytes()).hexdigest(),
-              "sglang": "9.9", "trees": ["python"]}
-    (dest / STATUS_FILE).write_text(json.dumps(record))
     status = build_env("fake", dest, lock=lock)  # rebuilt, and fails: the pin is no package
     assert not status.ok and "feather-no-such-package-anywhere" in status.reason
 
