@@ -112,3 +112,22 @@ def test_async_scheduling_on_the_cpu_build_is_refused_before_the_engine_starts(t
 def test_a_thread_count_below_one_is_refused_before_the_engine_starts() -> None:
     with pytest.raises(ValueError, match="threads must be >= 1"):
         EngineSetup(model="tiny-llama", threads=0)
+
+
+def test_vllm_kernel_scan_survives_the_simulators_numba() -> None:
+    """vLLM's kernel-override pass reads `vars()` of every module attribute; llvmlite's library
+    handle (imported with numba by the simulator's L2 model) answered it with a C-function
+    wrapper and `LLM(...)` died. The runner applies `let_vllm_scan_llvmlite` first."""
+    import llvmlite.binding.ffi as ffi
+    from vllm.triton_utils.dispatcher import _rebind_kernels
+
+    from feather.engines.vllm.compat import let_vllm_scan_llvmlite
+    from feather.sim import l2_jit
+
+    assert l2_jit.AVAILABLE and "numba" in sys.modules
+    ffi.lib._fntab.pop("__dict__", None)
+    with pytest.raises(AttributeError, match="no attribute 'get'"):
+        _rebind_kernels([])  # the real pass over sys.modules, nothing to override
+    let_vllm_scan_llvmlite()
+    _rebind_kernels([])
+    assert vars(ffi.lib) == {}

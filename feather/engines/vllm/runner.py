@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from feather.engines.model_dir import model_directory
 from feather.engines.runs import EngineRun
+from feather.engines.vllm.compat import let_vllm_scan_llvmlite
 from feather.memory import check_fits
 from feather.metrics import latency_summary
 from feather.models import get_model
@@ -202,6 +203,7 @@ class VllmSession:
         if setup.cascade_attention != "default":
             kwargs["disable_cascade_attn"] = setup.cascade_attention == "off"
         say(f"starting {self.dist} {self.version} on {self.device} with {setup.model}")
+        let_vllm_scan_llvmlite()  # the simulator may have imported numba in this process
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.startup_s = time.perf_counter() - started
