@@ -98,12 +98,15 @@ def step(scheduler: FeatherScheduler) -> list[str]:
 
 
 def answer(scheduler: FeatherScheduler, output) -> None:
-    """The model's reply to a step: every request whose prompt is done samples token 7."""
+    """The model's reply to a step: token 7 from every request whose KV now covers all its
+    tokens. As vLLM's model runner (`discard_request_mask`: seq_len < num_tokens), a chunk
+    that ends short of them samples nothing - after a preemption that includes a recompute
+    that has passed the prompt but not yet the generated tokens."""
     req_ids = list(output.num_scheduled_tokens)
     sampled = []
     for req_id in req_ids:
         request = scheduler.requests[req_id]
-        done = request.num_computed_tokens >= request.num_prompt_tokens
+        done = request.num_computed_tokens >= request.num_tokens
         sampled.append([7] if done else [])
     scheduler.update_from_output(
         output,
