@@ -2,16 +2,24 @@
 latency under load. Figures, `figures/ours.md` and `figures/verdicts.md` all read these, so
 a ratio means the same thing everywhere.
 
-A *setting* is everything a comparison must hold fixed: hardware, model, engine mode, the
-workload's arrival order and order seed, its output regime and the KV pool. Ratios are taken
-between schedulers of one setting only; spread is over order seeds.
+A *setting* is everything a comparison must hold fixed: the workload file, hardware, model,
+engine mode, the workload's arrival order and order seed, its output regime and the KV pool.
+Ratios are taken between schedulers of one setting only; spread is over order seeds, within
+one workload family (`workload_family`: the workload without its order, seed and outputs).
 """
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePath
+
 import pandas as pd
 
+# The workload file is part of the setting: the full sweep's prefix buckets and LongBench-format
+# workloads share every other key with whole L-Eval's seed-0 run (same order, seed, outputs,
+# and the device's pool), so without it their FCFS runs were averaged into one baseline.
 SETTING = [
+    "workload",
     "hardware",
     "model",
     "engine_mode",
@@ -21,12 +29,30 @@ SETTING = [
     "kv_pool_tokens",
 ]
 BASELINES = ("fcfs", "lpm", "dfs-weight")
+# a workload's own regime fields, which have their own columns (arrival_order, order_seed,
+# output_regime): left out of its family's name
+_REGIME_OPTIONS = ("order", "seed", "output")
 FEATHER_PREFIX = "feather"
 TIME_PARTS = ("prefill", "recompute", "decode", "scheduling", "idle")
 
 
+def workload_family(workload: object) -> str:
+    """What a workload is, whatever its order, seed and outputs: "leval min=1000 max=10000"
+    for data/workloads/leval__min=1000-max=10000-order=shuffled-seed=2-output=256__<model>.parquet.
+    Anything not named that way (a synthetic spec) is its own family."""
+    name = PurePath(str(workload)).name.removesuffix(".parquet")
+    source, sep, rest = name.partition("__")
+    options, sep2, _model = rest.rpartition("__")
+    if not sep or not sep2:
+        return str(workload)
+    kept = [f"{k}={v}" for k, v in re.findall(r"(\w+)=([^-]+)", options)
+            if k not in _REGIME_OPTIONS]
+    return " ".join([source, *kept])
+
+
 def offline(table: pd.DataFrame, experiment: str) -> pd.DataFrame:
-    """An experiment's offline runs (all requests at time 0), capacity runs excluded."""
+    """An experiment's offline runs (all requests at time 0), capacity runs excluded, with
+    their `workload_family`."""
     data = table[(table.experiment == experiment) & (table.engine == "sim")].copy()
     data = data[~data.run.astype(str).str.startswith("capacity__")]
     if "arrival" in data:
@@ -34,6 +60,7 @@ def offline(table: pd.DataFrame, experiment: str) -> pd.DataFrame:
     for column in SETTING:
         if column not in data:
             data[column] = None
+    data["workload_family"] = data.workload.map(workload_family)
     return data
 
 
@@ -96,7 +123,8 @@ def output_label(regime: object) -> str:
 def time_split(data: pd.DataFrame) -> pd.DataFrame:
     """Mean seconds per part of the makespan, per scheduler and setting."""
     parts = [f"time_{p}_s" for p in TIME_PARTS if f"time_{p}_s" in data]
-    keys = [c for c in [*SETTING, "scheduler", "pool_to_prefix_ratio"] if c in data]
+    keys = [c for c in [*SETTING, "workload_family", "scheduler", "pool_to_prefix_ratio"]
+            if c in data]
     return data.groupby(keys, dropna=False)[[*parts, "makespan_s"]].mean().reset_index()
 
 

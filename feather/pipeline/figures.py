@@ -160,8 +160,10 @@ def c5(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     """Feather and the baselines relative to FCFS, one panel per setting (hardware, model,
     engine mode) and output regime; shuffled bars average the order seeds (whiskers)."""
     data = c5t.with_ratios(c5t.offline(table, "c5"))
+    families = data.workload_family.nunique() > 1  # the full sweep: name each workload
     data["setting"] = [
-        f"{r.hardware} / {r.model}" + (" / SGLang mode" if r.engine_mode == "sglang" else "")
+        (f"{r.workload_family}\n" if families else "") + f"{r.hardware} / {r.model}"
+        + (" / SGLang mode" if r.engine_mode == "sglang" else "")
         for r in data.itertuples()
     ]
     seeds = data[data.arrival_order == "shuffled"].order_seed.nunique()
@@ -226,12 +228,15 @@ def c5_time_split(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     c5_runs = c5_runs[(c5_runs.engine_mode != "sglang") & first_seed]
     memory = c5t.offline(table, "memory")
     panels = []
+    families = c5_runs.workload_family.nunique() > 1  # the full sweep: name each workload
     for keys, part in c5t.time_split(c5_runs).groupby(
-        ["hardware", "model", "arrival_order", "output_regime"], dropna=False
+        ["workload_family", "hardware", "model", "arrival_order", "output_regime"], dropna=False
     ):
-        hw, model, order, regime = keys
+        family, hw, model, order, regime = keys
         pool = c5t.pool_label(part.iloc[0])
-        panels.append((f"{hw} / {model}\n{order}, {c5t.output_label(regime)}, {pool}", part))
+        head = f"{family}: " if families else ""
+        panels.append((f"{head}{hw} / {model}\n{order}, {c5t.output_label(regime)}, {pool}",
+                       part))
     for keys, part in c5t.time_split(memory).groupby(["hardware", "model", "kv_pool_tokens"]):
         panels.append((f"memory regime: {keys[0]} / {keys[1]}\n{c5t.pool_label(part.iloc[0])}",
                        part))

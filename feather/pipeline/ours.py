@@ -35,14 +35,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def c5_lines(table: pd.DataFrame, experiment: str) -> list[str]:
     """Best Feather policy / each baseline per setting and order (mean over order seeds)."""
     data = c5t.with_ratios(c5t.offline(table, experiment))
-    by = ["hardware", "model", "engine_mode", "arrival_order", "output_regime",
-          "pool_to_prefix_ratio"]
+    by = ["workload_family", "hardware", "model", "engine_mode", "arrival_order",
+          "output_regime", "pool_to_prefix_ratio"]
     lines = []
     for baseline in c5t.BASELINES:
         best = c5t.best_feather(data, baseline, by)
         for _, r in best.iterrows():
             lines.append(
-                f"{r.hardware} {r.model} {r.engine_mode}, {r.arrival_order}, "
+                f"{r.workload_family}, {r.hardware} {r.model} {r.engine_mode}, {r.arrival_order}, "
                 f"{c5t.output_label(r.output_regime)}, pool {r.pool_to_prefix_ratio:.2f}x: "
                 f"{r.scheduler} / {baseline} = {_fmt(r['mean'])}x "
                 f"({_fmt(r['min'])}-{_fmt(r['max'])}, {int(r['count'])} seed(s))"

@@ -215,7 +215,7 @@ def c5(sources: Sources) -> Verdict:
     if data.empty:
         return Verdict("C5", paper, "no c5 runs", "-", UNTESTABLE, "L-Eval data not available")
     plausible = _paper_gpus(data[data.arrival_order == "shuffled"])
-    by = ["hardware", "model", "engine_mode", "output_regime"]
+    by = ["workload_family", "hardware", "model", "engine_mode", "output_regime"]
     parts, grades = [], []
     for baseline in c5t.BASELINES:
         best = c5t.best_feather(plausible, baseline, by)
@@ -224,13 +224,14 @@ def c5(sources: Sources) -> Verdict:
         top = best.loc[best["mean"].idxmax()]
         grades.append(_grade(top["mean"], 1.5, 1.05))
         parts.append(f"/ {baseline}: {_x(best['mean'].min())}-{_x(top['mean'])} "
-                     f"(best: {top.scheduler} on {top.hardware}, {top.model}, "
-                     f"{top.engine_mode} mode, {c5t.output_label(top.output_regime)})")
+                     f"(best: {top.scheduler} on {top.workload_family}, {top.hardware}, "
+                     f"{top.model}, {top.engine_mode} mode, "
+                     f"{c5t.output_label(top.output_regime)})")
     verdict = (REPRODUCED if grades and all(g == REPRODUCED for g in grades)
                else PARTLY if any(g in (REPRODUCED, PARTLY) for g in grades)
                else NOT_REPRODUCED if grades else UNTESTABLE)
     grouped = c5t.best_feather(_paper_gpus(data[data.arrival_order == "grouped"]), "fcfs",
-                               ["hardware", "output_regime"])
+                               ["workload_family", "hardware", "output_regime"])
     control = (f"; grouped control / fcfs: {_x(grouped['mean'].min())}-{_x(grouped['mean'].max())}"
                if len(grouped) else "")
     pools = sorted(plausible.pool_to_prefix_ratio.dropna().round(2).unique())

@@ -1,0 +1,74 @@
+"""The C5 tables (feather/pipeline/c5_tables.py) compare schedulers on the same workload only.
+
+The full sweep runs the prefix buckets and LongBench-format workloads beside whole L-Eval with
+the same order, seed, outputs and pool; a ratio must still divide by its own workload's FCFS,
+and every summary must keep the workloads apart."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from feather.pipeline import c5_tables as c5t
+from feather.pipeline import ours
+from feather.pipeline import verdicts as v
+
+WHOLE = "data/workloads/leval__min=1000-max=10000-order=shuffled-seed=0__llama-3.1-8b.parquet"
+BUCKET = "data/workloads/leval__min=8000-max=10000-order=shuffled-seed=0__llama-3.1-8b.parquet"
+
+
+@pytest.mark.parametrize(
+    ("path", "family"),
+    [
+        (WHOLE, "leval min=1000 max=10000"),
+        (BUCKET, "leval min=8000 max=10000"),
+        ("data/workloads/leval__min=1000-max=10000-order=grouped-output=256__qwen2.5-7b.parquet",
+         "leval min=1000 max=10000"),
+        ("data/workloads/longbench-format__prefix=8000-order=shuffled-seed=2__qwen2.5-7b.parquet",
+         "longbench-format prefix=8000"),
+        ("synthetic:groups=8,per_group=100", "synthetic:groups=8,per_group=100"),
+    ],
+)
+def test_a_workloads_family_drops_only_its_order_seed_and_outputs(path, family) -> None:
+    assert c5t.workload_family(path) == family
+
+
+def _row(workload: str, scheduler: str, tok_s: float) -> dict:
+    return {
+        "engine": "sim", "experiment": "c5", "run": f"{scheduler}", "arrival": "all",
+        "workload": workload, "hardware": "a100-80gb", "model": "llama-3.1-8b",
+        "engine_mode": "vllm", "arrival_order": "shuffled", "order_seed": 0,
+        "output_regime": "reference", "kv_pool_tokens": 450_000, "pool_to_prefix_ratio": 0.5,
+        "pool_hypothetical": False, "scheduler": scheduler, "output_tok_s": tok_s,
+        "kernel": "paged", "params": "{}", "produced_by": "simulator (a100-80gb profile)",
+        "git_revision": "abc", "makespan_s": 100.0, "time_recompute_s": 10.0,
+        "l2_hit_rate": 0.5, "kv_read_bytes": 1.0, "sched_cost_model": "port",
+    }
+
+
+def _two_workloads() -> pd.DataFrame:
+    rows = []
+    for workload, fcfs, feather in ((WHOLE, 100.0, 300.0), (BUCKET, 10.0, 5.0)):
+        rows += [_row(workload, "fcfs", fcfs), _row(workload, "lpm", fcfs),
+                 _row(workload, "dfs-weight", fcfs), _row(workload, "feather-static", feather)]
+    return pd.DataFrame(rows)
+
+
+def test_ratios_divide_by_the_same_workloads_fcfs() -> None:
+    data = c5t.with_ratios(c5t.offline(_two_workloads(), "c5"))
+    static = data[data.scheduler == "feather-static"].set_index("workload_family").vs_fcfs
+    # pooled over both workloads, FCFS would be 55 tok/s: 5.45x and 0.09x
+    assert static.to_dict() == {"leval min=1000 max=10000": 3.0, "leval min=8000 max=10000": 0.5}
+
+
+def test_summaries_keep_each_workload_apart() -> None:
+    table = _two_workloads()
+    lines = [line for line in ours.c5_lines(table, "c5") if "/ fcfs" in line]
+    assert len(lines) == 2
+    assert any(line.startswith("leval min=1000 max=10000,") and "= 3.00x" in line
+               for line in lines)
+    assert any(line.startswith("leval min=8000 max=10000,") and "= 0.50x" in line
+               for line in lines)
+    verdict = v.c5(v.Sources(table))
+    assert "3.00x" in verdict.simulated and "leval min=1000 max=10000" in verdict.simulated
+    assert "0.50x-3.00x" in verdict.simulated.replace(" ", "")
