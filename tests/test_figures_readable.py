@@ -290,3 +290,14 @@ def test_every_figure_an_experiment_names_is_registered() -> None:
         assert names, f"{path} names no figure"
         missing = sorted(set(names) - drawn)
         assert not missing, f"{path.name} names figures nothing draws: {missing}"
+
+
+@pytest.mark.parametrize("name", ["c5_end_to_end", "c5_time_split"])
+def test_the_full_sweeps_c5_figures_are_readable(name: str, tmp_path: Path) -> None:
+    """`c5: {sweep: full}` draws a panel per workload family x model x GPU: a figure a dozen
+    rows tall, whose title tight_layout alone laid over the first row."""
+    experiments = default_experiments(c5={"sweep": "full"})
+    data = summary_table(experiments)
+    assert data[data.experiment == "c5"].workload.nunique() > 10  # buckets, LongBench-format
+    readable(only_save(lambda out: FIGURES[name](data, out, meta(experiments["c5"])), tmp_path),
+             name)

@@ -56,7 +56,17 @@ def _save(fig: plt.Figure, out: Path, caption: str) -> None:
     right = min(
         [1.0] + [1 - lg.get_window_extent(renderer).width / fig.bbox.width for lg in fig.legends]
     )
-    fig.tight_layout(rect=(0, caption_top + 0.01, right - (0.01 if fig.legends else 0), 1))
+    rect = (0, caption_top + 0.01, right - (0.01 if fig.legends else 0), 1)
+    fig.tight_layout(rect=rect)
+    # and below the title: tight_layout leaves a fixed fraction of the height for it, which in
+    # a tall figure (the full sweep's C5 grid, 12 rows) is less than the title's own pixels
+    title = fig._suptitle  # matplotlib's handle on the suptitle artist (no public getter)
+    if title is not None and title.get_text():
+        title_bottom = title.get_window_extent(renderer).y0 / fig.bbox.height
+        boxes = [ax.get_tightbbox(renderer) for ax in fig.axes if ax.axison]
+        axes_top = max((b.y1 for b in boxes if b is not None), default=0) / fig.bbox.height
+        if axes_top > title_bottom:
+            fig.tight_layout(rect=(*rect[:3], title_bottom - 0.005))
     with atomic_target(out) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
