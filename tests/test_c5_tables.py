@@ -72,3 +72,16 @@ def test_summaries_keep_each_workload_apart() -> None:
     verdict = v.c5(v.Sources(table))
     assert "3.00x" in verdict.simulated and "leval min=1000 max=10000" in verdict.simulated
     assert "0.50x-3.00x" in verdict.simulated.replace(" ", "")
+
+
+def test_a_tie_names_feather_static_not_a_learner_that_made_its_decisions() -> None:
+    table = _two_workloads()
+    twins = table[table.scheduler == "feather-static"].assign(scheduler="feather-qlearn")
+    better = table[(table.scheduler == "feather-static") & (table.workload == BUCKET)]
+    table = pd.concat([table, twins, better.assign(scheduler="feather-ucb", output_tok_s=6.0)])
+    data = c5t.with_ratios(c5t.offline(table, "c5"))
+    best = c5t.best_feather(data, "fcfs", ["workload_family"]).set_index("workload_family")
+    assert best.scheduler.to_dict() == {"leval min=1000 max=10000": "feather-static",
+                                        "leval min=8000 max=10000": "feather-ucb"}
+    assert best["mean"].round(2).to_dict() == {"leval min=1000 max=10000": 3.0,
+                                               "leval min=8000 max=10000": 0.6}

@@ -33,6 +33,7 @@ BASELINES = ("fcfs", "lpm", "dfs-weight")
 # output_regime): left out of its family's name
 _REGIME_OPTIONS = ("order", "seed", "output")
 FEATHER_PREFIX = "feather"
+STATIC = "feather-static"
 TIME_PARTS = ("prefill", "recompute", "decode", "scheduling", "idle")
 
 
@@ -92,12 +93,16 @@ def feather_rows(data: pd.DataFrame) -> pd.DataFrame:
 
 def best_feather(data: pd.DataFrame, baseline: str, by: list[str]) -> pd.DataFrame:
     """Per `by`: the Feather policy with the highest mean ratio to `baseline`, with its
-    mean/min/max over seeds."""
+    mean/min/max over seeds. A tie goes to feather-static: where a learner's rule is never
+    consulted (the paged kernel) it makes the static policy's decisions, and naming it "best"
+    would credit learning with what the candidate order did."""
     summary = ratio_summary(feather_rows(data), [*by, "scheduler"], f"vs_{baseline}")
     if summary.empty:
         return summary
-    best = summary.loc[summary.groupby(by, dropna=False)["mean"].idxmax()]
-    return best.reset_index(drop=True)
+    ranked = summary.assign(_static=summary.scheduler == STATIC).sort_values(
+        ["mean", "_static"], ascending=False, kind="stable")
+    best = ranked.groupby(by, dropna=False, sort=False).head(1).drop(columns="_static")
+    return best.sort_values(by).reset_index(drop=True)
 
 
 def pool_label(row: pd.Series) -> str:
