@@ -10,10 +10,11 @@ one workload family (`workload_family`: the workload without its order, seed and
 
 from __future__ import annotations
 
-import re
 from pathlib import PurePath
 
 import pandas as pd
+
+from feather.pipeline.experiments import slug_options
 
 # The workload file is part of the setting: the full sweep's prefix buckets and LongBench-format
 # workloads share every other key with whole L-Eval's seed-0 run (same order, seed, outputs,
@@ -46,8 +47,7 @@ def workload_family(workload: object) -> str:
     options, sep2, _model = rest.rpartition("__")
     if not sep or not sep2:
         return str(workload)
-    kept = [f"{k}={v}" for k, v in re.findall(r"(\w+)=([^-]+)", options)
-            if k not in _REGIME_OPTIONS]
+    kept = [f"{k}={v}" for k, v in slug_options(options).items() if k not in _REGIME_OPTIONS]
     return " ".join([source, *kept])
 
 
@@ -99,10 +99,10 @@ def best_feather(data: pd.DataFrame, baseline: str, by: list[str]) -> pd.DataFra
     summary = ratio_summary(feather_rows(data), [*by, "scheduler"], f"vs_{baseline}")
     if summary.empty:
         return summary
-    ranked = summary.assign(_static=summary.scheduler == STATIC).sort_values(
-        ["mean", "_static"], ascending=False, kind="stable")
-    best = ranked.groupby(by, dropna=False, sort=False).head(1).drop(columns="_static")
-    return best.sort_values(by).reset_index(drop=True)
+    # idxmax takes the first of equal maxima: put feather-static's rows first
+    summary = summary.sort_values("scheduler", key=lambda s: s != STATIC, kind="stable")
+    best = summary.loc[summary.groupby(by, dropna=False)["mean"].idxmax()]
+    return best.reset_index(drop=True)
 
 
 def pool_label(row: pd.Series) -> str:

@@ -297,6 +297,12 @@ def _slug(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9.=+-]+", "-", text).strip("-")
 
 
+def slug_options(text: str) -> dict[str, str]:
+    """'min=1000-max=2000' -> {'min': '1000', 'max': '2000'}: the options of a workload file's
+    name (the slug `workload_path` writes; its values hold no '-')."""
+    return dict(part.split("=", 1) for part in text.replace(",", "-").split("-") if "=" in part)
+
+
 def workload_path(spec: str, model: str, hardware: str | None = None) -> str | None:
     """The built file of a non-synthetic workload spec (None for synthetic specs).
 

@@ -21,6 +21,7 @@ from feather.pipeline.code_digest import (
 from feather.pipeline.checks import check_schedulers, load_experiments, stop
 from feather.pipeline.engines import ENGINES as ENGINE_TABLE
 from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
+from feather.pipeline.experiments import slug_options
 from feather.pipeline.gpu import attached_gpus
 from feather.sim.hardware import get_hardware, hardware_names
 from feather.workloads.hub import hub_unreachable_reason
@@ -225,11 +226,6 @@ def load_seed(wildcards):
     """The arrival seed of a load= workload: its base's order seed (0 when it has none)."""
     options = wildcards.stem.split("__")[1] if "__" in wildcards.stem else ""
     return slug_options(options).get("seed", "0")
-
-
-def slug_options(text):
-    """'min=1000-max=2000' -> {'min': '1000', 'max': '2000'} (the slug of an experiment spec)."""
-    return dict(part.split("=", 1) for part in text.replace(",", "-").split("-") if "=" in part)
 
 
 def shape_args(options, kind="leval"):
