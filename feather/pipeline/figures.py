@@ -262,6 +262,9 @@ def c5_time_split(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             values = part[f"time_{name}_s"].fillna(0.0)
             ax.bar(part.scheduler, values, bottom=bottom, color=colors[name], label=name)
             bottom = bottom + values
+        # headroom above the tallest bar: a zero-height top segment's sticky edge sits at the
+        # bar's top, where it cancels the axes' margin and the bar meets the frame
+        ax.set_ylim(0, max(float(bottom.max()), 1e-9) * 1.05)
         ax.set(xlabel="scheduler", ylabel="makespan (s), by part", title=title)
         ax.title.set_fontsize(8)
         ax.tick_params(axis="x", rotation=35, labelsize=7)
