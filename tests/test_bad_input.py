@@ -327,7 +327,8 @@ def test_json_profiles(case, tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- 3. schedulers
 # Parameters with their declared types, written out here (not read from the classes).
 PARAMS = {
-    "feather-static": {"min_batch": int, "min_delta_tokens": int},
+    # min_batch is `int | None` (None: a fraction of the slots), so "null" is valid for it
+    "feather-static": {"min_batch_fraction": float, "min_delta_tokens": int},
     "lpm": {"page_size": int, "in_batch_check_threshold": int},
     "feather-ucb": {"exploration": float, "frozen": bool, "reward_horizon": int},
     "feather-qlearn": {"alpha": float, "gamma": float, "reward_horizon": int},
