@@ -19,7 +19,8 @@ from feather.policies import (
     StepOutcome,
     create_scheduler,
 )
-from feather.policies.learning import QTable, UCBTable, greedy_action
+from feather.policies.feather import DecisionState
+from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
 
 FEATHER = ("feather-static", "feather-ucb", "feather-qlearn")
 
@@ -245,6 +246,43 @@ def test_ucb_and_q_tables_pick_the_better_arm_under_noise() -> None:
             table.update("s", action, mean_reward + rng.uniform(-0.2, 0.2), None)
         assert greedy_action(table, "s") is Action.STOP, type(table).__name__
     assert greedy_action(UCBTable(), "never-seen") is Action.ADD
+
+
+_KEY = st.tuples(*(st.integers(0, 9) for _ in range(3))).map(lambda t: "b{}|d{}|w{}".format(*t))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_KEY, st.sampled_from(list(Action)), max_size=12), _KEY)
+def test_unseen_state_takes_the_nearest_seen_states_action(known, key) -> None:
+    # brute force: rank every known state by its L1 distance in bucket indices
+    def idx(k: str) -> list[int]:
+        return [int(part[1:]) for part in k.split("|")]
+
+    ranked = sorted(
+        (sum(abs(a - b) for a, b in zip(idx(key), idx(k), strict=True)), action)
+        for k, action in known.items()
+    )
+    nearest = {a for d, a in ranked if d == ranked[0][0]} if ranked else set()
+    expected = known.get(key) or (nearest.pop() if len(nearest) == 1 else Action.ADD)
+    assert StateBuckets().nearest(key, known) is expected
+
+
+@pytest.mark.parametrize("name", ["feather-ucb", "feather-qlearn"])
+def test_frozen_learner_generalises_to_unseen_batch_sizes(name: str) -> None:
+    # learned: STOP for batches of 64-127 (b7), ADD for 8-15 (b4); never saw 16-63
+    policy = make(name, frozen=True)
+    policy.table.load_json({"b4|d3|w5": {"ADD": [3, 0.8], "STOP": [2, 0.1]},
+                            "b7|d3|w5": {"ADD": [3, 0.8], "STOP": [3, 1.0]}})
+
+    def decide(batch: int) -> Action:
+        return policy._decide(DecisionState(batch, 3000, 300, 256))
+
+    assert decide(100) is Action.STOP and decide(10) is Action.ADD  # seen
+    assert decide(40) is Action.STOP  # b6: one bucket from b7, two from b4
+    assert decide(20) is Action.ADD  # b5: nearer b4
+    assert decide(200) is Action.STOP  # b8: beyond the largest seen, like it
+    empty = make(name, frozen=True)
+    assert empty._decide(DecisionState(100, 3000, 300, 256)) is Action.ADD
 
 
 @pytest.mark.parametrize("name", ["feather-ucb", "feather-qlearn"])

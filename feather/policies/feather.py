@@ -69,7 +69,13 @@ from feather.policies.base import (
     RequestId,
     StepOutcome,
 )
-from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
+from feather.policies.learning import (
+    QTable,
+    StateBuckets,
+    UCBTable,
+    greedy_action,
+    known_actions,
+)
 
 POLICY_FILE_FORMAT = "feather-policy/1"
 CONSULT = ("kernel", "always", "never")
@@ -305,7 +311,8 @@ class FeatherLearningPolicy(FeatherPolicy):
     the next decision's state (the same step's, or the next window's first).
 
     Parameters (besides FeatherPolicy's):
-        frozen: act greedily and never update (a policy trained elsewhere, deployed).
+        frozen: act greedily and never update (a policy trained elsewhere, deployed); a state
+            the table never saw takes the nearest seen state's action (`StateBuckets.nearest`).
         policy_file: load the table from this JSON file (see `save`).
         reward_horizon: at most this many steps are credited to one step's decisions.
         reward_scale_tok_s: divide throughput by this; None = by the highest decode
@@ -359,6 +366,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         self._window: _Window | None = None
         self._step_decisions: list[tuple[str, Action]] = []
         self._decided_step = -1
+        self._known: dict[str, Action] | None = None  # frozen: state -> greedy action
         if policy_file is not None:
             self.load(policy_file)
 
@@ -368,7 +376,12 @@ class FeatherLearningPolicy(FeatherPolicy):
     # ---- deciding and learning -----------------------------------------------------------
     def _decide(self, state: DecisionState) -> Action:
         key = self.buckets.key(state.batch_size, state.delta_tokens, state.w)
-        action = self.table.choose(key, greedy=self.frozen, rng=self.rng)
+        if self.frozen:
+            if self._known is None:
+                self._known = known_actions(self.table)
+            action = self.buckets.nearest(key, self._known)
+        else:
+            action = self.table.choose(key, greedy=False, rng=self.rng)
         self.decisions_taken += 1
         if self._decided_step != self._step:
             self._decided_step, self._step_decisions = self._step, []
@@ -457,6 +470,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.buckets = StateBuckets.from_json(data["buckets"])
         self._set_learner_params(data.get("learner", {}))
         self.table.load_json(data["table"])
+        self._known = None
         self.updates = int(data.get("updates", 0))
         self.trained_on = data.get("trained_on")
         self.policy_file = str(path)
