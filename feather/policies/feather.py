@@ -312,7 +312,8 @@ class FeatherLearningPolicy(FeatherPolicy):
 
     Parameters (besides FeatherPolicy's):
         frozen: act greedily and never update (a policy trained elsewhere, deployed); a state
-            the table never saw takes the nearest seen state's action (`StateBuckets.nearest`).
+            the table never saw takes STOP only where the seen states imply it
+            (`StateBuckets.generalise`), else ADD.
         policy_file: load the table from this JSON file (see `save`).
         reward_horizon: at most this many steps are credited to one step's decisions.
         reward_scale_tok_s: divide throughput by this; None = by the highest decode
@@ -379,7 +380,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         if self.frozen:
             if self._known is None:
                 self._known = known_actions(self.table)
-            action = self.buckets.nearest(key, self._known)
+            action = self.buckets.generalise(key, self._known)
         else:
             action = self.table.choose(key, greedy=False, rng=self.rng)
         self.decisions_taken += 1

@@ -21,13 +21,18 @@ throughput seen so far (then early rewards read high; UCB's exploration term ass
   seeded `random.Random`; greedy ties go to ADD.
 
 Frozen tables (deployed after training) act greedily and never update. A state never seen in
-training takes the greedy action of the nearest state that was (`StateBuckets.nearest`: L1
-distance between bucket indices; a tie between states that disagree, or an empty table, gives
-ADD, the choice that cannot starve anyone). Offline training visits few states - a batch that
-ADDs a second group stays mixed until it drains, so a run may take five decisions - and with
-"unseen = ADD" a table that had learned STOP for batches of 64-127 mixed every batch of 32-63:
-on held-out groups of about 90 (A100, cascade) it kept 1.06x of feather-static where the
-paper's rule gets 1.24x, while the neighbouring buckets hold the answer.
+training is judged only where the table's own decisions settle it (`StateBuckets.generalise`):
+STOP pays more the larger the batch it keeps homogeneous (the weights' read is shared by more
+requests), the more shared prefix the candidate would cut (cascade saves more) and the fewer
+waiting requests could follow the candidate, so an unseen state takes STOP when a seen state
+that is no more favourable to stopping in all three took STOP and no seen state at least as
+favourable took ADD; otherwise ADD, the choice that cannot starve anyone. Offline training
+visits few states (a batch that ADDs a second group stays mixed until it drains: a run may
+take five decisions), so this matters. Measured and rejected: the nearest seen state's action
+(L1 over bucket indices). It carried the A100 table's STOP at batches of 64-127 down to
+32-63, which paid on held-out groups of ~90 with 3.5K-token prefixes (1.22x feather-static)
+but lost on 12 groups of 50 with 2K-token prefixes (0.68x FCFS): the same buckets, the
+opposite answer.
 """
 
 from __future__ import annotations
@@ -73,23 +78,28 @@ class StateBuckets:
         except ValueError as exc:
             raise ValueError(f"not a state key: {key!r} (expected like 'b7|d3|w5')") from exc
 
-    def nearest(self, key: str, known: dict[str, Action]) -> Action:
-        """The action for `key` from the nearest known state (L1 over bucket indices).
-
-        Ties between states that disagree, and an empty `known`, give ADD.
-        """
+    def generalise(self, key: str, known: dict[str, Action]) -> Action:
+        """The action for `key`: its own where known, else STOP only where the known states'
+        decisions imply it (see the module docstring); ADD otherwise."""
         if key in known:
             return known[key]
-        target = self.indices(key)
-        best: int | None = None
-        actions: set[Action] = set()
-        for other, action in known.items():
-            distance = sum(abs(a - b) for a, b in zip(target, self.indices(other), strict=True))
-            if best is None or distance < best:
-                best, actions = distance, {action}
-            elif distance == best:
-                actions.add(action)
-        return actions.pop() if len(actions) == 1 else Action.ADD
+        b, d, w = self.indices(key)
+
+        def at_most_as_favourable(other: str) -> bool:  # to STOP, than `key`
+            ob, od, ow = self.indices(other)
+            return ob <= b and od <= d and ow >= w
+
+        def at_least_as_favourable(other: str) -> bool:
+            ob, od, ow = self.indices(other)
+            return ob >= b and od >= d and ow <= w
+
+        implied_stop = any(
+            a is Action.STOP and at_most_as_favourable(k) for k, a in known.items()
+        )
+        contradicted = any(
+            a is Action.ADD and at_least_as_favourable(k) for k, a in known.items()
+        )
+        return Action.STOP if implied_stop and not contradicted else Action.ADD
 
     def to_json(self) -> dict[str, list[int]]:
         return {
