@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -38,10 +39,33 @@ class ClusterUnavailable(RuntimeError):
     """SLURM cannot be brought up here; the message says what it needs."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """Distinct free ports below the kernel's ephemeral range.
+
+    Asking the kernel for port 0 hands out ephemeral ports, which any outgoing connection
+    (slurmdbd to MariaDB, munge, sinfo) may take before the daemon meant to listen there
+    binds it; and sockets closed one by one may be handed out twice. A clean-clone test run
+    failed that way (slurmd: "protocol_version 1433 not supported" from a localhost peer; the
+    node never became idle).
+    So the ports come from below the ephemeral range, all held until every one is chosen.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    held: dict[str, socket.socket] = {}
+    try:
+        while len(held) < len(names):
+            port = rng.randrange(10_000, max(low, 20_000))
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            held[names[len(held)]] = sock
+        return {name: sock.getsockname()[1] for name, sock in held.items()}
+    finally:
+        for sock in held.values():
+            sock.close()
 
 
 def _wait(what: str, check, timeout_s: float = 60.0, log: Path | None = None) -> None:
@@ -90,7 +114,7 @@ class LocalSlurm:
         os.chmod(self.root, 0o755)
         os.chmod(self.run_dir, 0o755)  # munged insists its socket's directory is reachable
         os.chmod(self.root / "munge", 0o700)
-        ports = {name: _free_port() for name in ("db", "dbd", "ctld", "slurmd")}
+        ports = _free_ports(("db", "dbd", "ctld", "slurmd"))
         self._start_munge()
         self._start_database(ports["db"])
         self._write_configs(ports)
