@@ -52,15 +52,15 @@ def _spin(iterations: int) -> int:
 def test_timer_cpu_time_matches_a_measured_busy_loop() -> None:
     iterations = 400_000
     _spin(iterations)  # warm up
-    # reference: the same loop timed directly with the thread's CPU clock, best of three
-    reference = []
-    for _ in range(3):
+    # reference: the same loop timed directly with the thread's CPU clock. The two are
+    # interleaved, round by round, so that a drift of the machine's speed during the test
+    # (a clean-clone run saw the loop go from 33 to 20 ms within it) touches both alike.
+    timer = SchedulingTimer()
+    reference, measured = [], []
+    for _ in range(5):
         start = time.thread_time()
         _spin(iterations)
         reference.append(time.thread_time() - start)
-    timer = SchedulingTimer()
-    measured = []
-    for _ in range(3):
         with timer.measure():
             _spin(iterations)
         measured.append(timer.end_step().cpu_s)
