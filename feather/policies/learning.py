@@ -78,27 +78,24 @@ class StateBuckets:
         except ValueError as exc:
             raise ValueError(f"not a state key: {key!r} (expected like 'b7|d3|w5')") from exc
 
+    def _favour(self, key: str) -> tuple[int, ...]:
+        """The key's bucket indices, each oriented so that larger favours STOP (w negated)."""
+        b, d, w = self.indices(key)
+        return b, d, -w
+
     def generalise(self, key: str, known: dict[str, Action]) -> Action:
         """The action for `key`: its own where known, else STOP only where the known states'
         decisions imply it (see the module docstring); ADD otherwise."""
         if key in known:
             return known[key]
-        b, d, w = self.indices(key)
+        target = self._favour(key)
 
-        def at_most_as_favourable(other: str) -> bool:  # to STOP, than `key`
-            ob, od, ow = self.indices(other)
-            return ob <= b and od <= d and ow >= w
+        def no_less(x: tuple[int, ...], y: tuple[int, ...]) -> bool:  # x favours STOP >= y
+            return all(i >= j for i, j in zip(x, y, strict=True))
 
-        def at_least_as_favourable(other: str) -> bool:
-            ob, od, ow = self.indices(other)
-            return ob >= b and od >= d and ow <= w
-
-        implied_stop = any(
-            a is Action.STOP and at_most_as_favourable(k) for k, a in known.items()
-        )
-        contradicted = any(
-            a is Action.ADD and at_least_as_favourable(k) for k, a in known.items()
-        )
+        seen = [(self._favour(k), a) for k, a in known.items()]
+        implied_stop = any(a is Action.STOP and no_less(target, f) for f, a in seen)
+        contradicted = any(a is Action.ADD and no_less(f, target) for f, a in seen)
         return Action.STOP if implied_stop and not contradicted else Action.ADD
 
     def to_json(self) -> dict[str, list[int]]:
