@@ -250,6 +250,26 @@ def test_cost_model_and_overlap_are_template_axes(tmp_path: Path) -> None:
             expand(load_experiment(path), config, set())
 
 
+def test_except_schedulers_leaves_out_only_the_named_ones(tmp_path: Path) -> None:
+    """`scheduler: all` minus a list: a scheduler added to the config still runs; a list beside
+    a named scheduler list is refused (it would mean nothing)."""
+    path = tmp_path / "except.yaml"
+    template = {"workload": "w", "scheduler": "all", "hardware": "a100-80gb", "seed": 0,
+                "except_schedulers": ["feather-ucb", "not-configured"]}
+    spec = {"claim": "C5", "title": "t", "paper": "p", "figure": "f",
+            "workloads": {"w": "synthetic:groups=2,per_group=2,seed={seed}"}, "runs": [template]}
+    path.write_text(yaml.safe_dump(spec))
+    config = {"schedulers": {"fcfs": {}, "feather-ucb": {}, "mine": {"class": "lpm"}},
+              "hardware": ["a100-80gb"], "seeds": [0], "models": ["llama-3.1-8b"]}
+    runs = expand(load_experiment(path), config, set()).runs
+    assert sorted(r.scheduler for r in runs) == ["fcfs", "mine"]
+    for bad, message in (({"scheduler": ["fcfs"]}, "only to scheduler: all"),
+                         ({"except_schedulers": [3]}, "is not a name")):
+        path.write_text(yaml.safe_dump({**spec, "runs": [{**template, **bad}]}))
+        with pytest.raises(ExperimentError, match=message):
+            expand(load_experiment(path), config, set())
+
+
 def test_a_scheduler_added_by_dotted_path_reaches_the_table_and_figures(finished: Path) -> None:
     table = pd.read_parquet(finished / "results" / "summary.parquet")
     newest = table[table.scheduler == "newest"]

@@ -36,7 +36,9 @@ import yaml
 from feather.sim.sched_measured import COST_MODELS
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
-ENGINE_RUN_FIELDS = {"engine", "device", "workload", "model", "scheduler", "repeats", "options"}
+ENGINE_RUN_FIELDS = {
+    "engine", "device", "workload", "model", "scheduler", "except_schedulers", "repeats", "options"
+}
 TEMPLATE_FIELDS = {
     "workload",
     "scheduler",
@@ -50,6 +52,7 @@ TEMPLATE_FIELDS = {
     "overlap_scheduling",
     "kv_pool_fraction",
     "sweep",
+    "except_schedulers",
     *ENGINE_FIELDS,
 }
 SWEEPS = ("default", "full")
@@ -420,10 +423,31 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _scheduler_names(template: dict[str, Any], schedulers: dict[str, Any]) -> list[str]:
+    """The template's schedulers: its list, or `all` configured ones but `except_schedulers`
+    (so a scheduler added to config.yaml still appears where a template leaves some out)."""
+    if template.get("scheduler", "all") != "all":
+        return _as_list(template["scheduler"])
+    left_out = set(_as_list(template.get("except_schedulers") or []))
+    return [name for name in schedulers if name not in left_out]
+
+
 def _check_names(where: str, key: str, values: list[Any], known: list[str]) -> None:
     for value in values:
         if not isinstance(value, str) or value not in known:
             raise ExperimentError(f"{where}: {key} {value!r} is not one of {', '.join(known)}")
+
+
+def _check_exceptions(where: str, template: dict[str, Any]) -> None:
+    """`except_schedulers` narrows `scheduler: all`; with a list it would be a contradiction."""
+    left_out = _as_list(template.get("except_schedulers") or [])
+    if not left_out:
+        return
+    if template.get("scheduler", "all") != "all":
+        raise ExperimentError(f"{where}: except_schedulers applies only to scheduler: all")
+    for name in left_out:
+        if not isinstance(name, str) or not name:
+            raise ExperimentError(f"{where}: except_schedulers entry {name!r} is not a name")
 
 
 def _check_template(where: str, template: dict[str, Any]) -> None:
@@ -434,6 +458,7 @@ def _check_template(where: str, template: dict[str, Any]) -> None:
     for name in _as_list(template.get("scheduler", "all")):
         if not isinstance(name, str) or not name:
             raise ExperimentError(f"{where}: scheduler {name!r} is not a scheduler name")
+    _check_exceptions(where, template)
     if not isinstance(template.get("params", {}) or {}, dict):
         raise ExperimentError(f"{where}: params must be a mapping of name: value (or list)")
     _check_names(where, "kernel", _as_list(template.get("kernel", "paged")), list(KERNELS))
@@ -470,6 +495,7 @@ def _check_engine_template(where: str, template: dict[str, Any]) -> None:
         raise ExperimentError(
             f"{where}: repeats {template['repeats']!r} is not a whole number >= 1"
         )
+    _check_exceptions(where, template)
     options = template.get("options") or {}
     if not isinstance(options, dict):
         raise ExperimentError(f"{where}: options must be a mapping of `feather run` flags")
@@ -561,11 +587,7 @@ def expand_engine_runs(
         if spec.partition(":")[0] not in available:
             experiment.skipped.append(f"{template['workload']} ({spec} data not available)")
             continue
-        names = (
-            list(schedulers)
-            if template.get("scheduler", "all") == "all"
-            else _as_list(template["scheduler"])
-        )
+        names = _scheduler_names(template, schedulers)
         chosen = tuple(_engine_scheduler(experiment, name, schedulers) for name in names)
         for _, scheduler_class, params in chosen:
             _check_params(where, scheduler_class, dict(params))
@@ -610,11 +632,7 @@ def expand(
         _check_template(where, template)
         if template.get("sweep", "default") == "full" and sweep != "full":
             continue  # the C5 family's full grid (config.yaml `c5: {sweep: full}`)
-        scheduler_names = (
-            list(schedulers)
-            if template.get("scheduler", "all") == "all"
-            else _as_list(template["scheduler"])
-        )
+        scheduler_names = _scheduler_names(template, schedulers)
         wanted = template.get("hardware", "all")
         hardware = (
             config["hardware"]
