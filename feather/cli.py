@@ -98,6 +98,8 @@ def _cmd_bench_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench_never_worse(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from feather.atomic import write_json_atomic
     from feather.bench import never_worse as nw
     from feather.provenance import collect_provenance
@@ -111,8 +113,18 @@ def _cmd_bench_never_worse(args: argparse.Namespace) -> int:
             )
         policy_files[name] = path
     progress = None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True)
-    cases = nw.LARGE_CASES if args.cases == "large" else ()
-    results = nw.run(cases, policy_files, progress)
+    earlier = None
+    if args.cases_from:  # the cases ran in an earlier job (the pipeline runs them early)
+        if args.policy or args.cases != "none":
+            raise SystemExit("--cases-from takes the cases and their policies from its file: "
+                             "give it without --policy and with --cases none")
+        earlier = json.loads(Path(args.cases_from).read_text())
+        if earlier.get("benchmark") != "never-worse" or "cases" not in earlier:
+            raise SystemExit(f"--cases-from {args.cases_from}: not a never-worse report")
+        results = earlier["cases"]
+    else:
+        cases = nw.LARGE_CASES if args.cases == "large" else ()
+        results = nw.run(cases, policy_files, progress)
     pipeline = []
     if args.summary:
         import pandas as pd
@@ -129,6 +141,7 @@ def _cmd_bench_never_worse(args: argparse.Namespace) -> int:
         "violations": broken,
         "cases": results,
         "pipeline": pipeline,
+        **({"cases_provenance": earlier["provenance"]} if earlier else {}),
         "provenance": collect_provenance(
             config={k: v for k, v in vars(args).items() if k != "func"},
             seed=None,
@@ -585,6 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["large", "none"],
         default="large",
         help="large: the pipeline-scale synthetic cases; none: only --summary",
+    )
+    bnw.add_argument(
+        "--cases-from",
+        metavar="REPORT",
+        help="take the cases' results from an earlier report (with --cases none) instead of "
+        "running them",
     )
     bnw.add_argument("--summary", help="results/summary.parquet: add every setting it holds")
     bnw.add_argument("--out", help="write the report here (JSON)")

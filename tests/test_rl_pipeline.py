@@ -128,3 +128,37 @@ def test_a_frozen_table_run_on_another_device_says_so(tmp_path) -> None:
     assert summary["provenance"]["policy"]["params"]["trained_on"]["hardware"] == "a100-80gb"
     same = simulate(spec.__class__(**{**spec.to_json(), "hardware": "a100-80gb"})).summary
     assert same["policy_scope_warning"] is None
+
+
+def test_never_worse_joins_cases_run_earlier_with_the_summary(tmp_path: Path, capsys) -> None:
+    """The pipeline runs the large cases beside the simulations and joins them with the
+    summary table at the end: a violation found by the earlier job must survive the join, and
+    a file that is not a never-worse report is refused."""
+    import json
+
+    from feather.cli import main
+
+    fcfs = {"output_tok_s": 100.0, "ttft_p99_s": 1.0, "longest_wait_s": 1.0,
+            "mean_batch_size": 8.0, "stop_decisions": 0, "delegated_decisions": 0}
+    slow = {**fcfs, "output_tok_s": 90.0, "throughput_ratio": 0.9}
+    case = {"name": "made-up", "below_saturation": False, "workload": "synthetic:groups=2",
+            "hardware": "a100-80gb", "kernel": "paged", "engine_mode": "vllm",
+            "model": "llama-3.1-8b", "kv_pool_fraction": None, "num_blocks": None}
+    earlier = tmp_path / "cases.json"
+    earlier.write_text(json.dumps({"benchmark": "never-worse", "provenance": {"seed": 1},
+                                   "cases": [{"case": case, "fcfs": fcfs,
+                                              "feather": {"feather-static": slow}}]}))
+    out = tmp_path / "report.json"
+    assert main(["bench", "never-worse", "--cases", "none", "--cases-from", str(earlier),
+                 "--out", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    assert report["cases"][0]["case"]["name"] == "made-up"
+    assert report["holds"] is False
+    assert report["violations"] == ["feather-static: 0.900x FCFS throughput"]
+    assert report["cases_provenance"] == {"seed": 1}
+    assert report["minimum_by_policy"]["feather-static"]["min_throughput_ratio"] == 0.9
+    earlier.write_text(json.dumps({"benchmark": "overhead"}))
+    with pytest.raises(SystemExit, match="not a never-worse report"):
+        main(["bench", "never-worse", "--cases", "none", "--cases-from", str(earlier)])
+    with pytest.raises(SystemExit, match="--cases none"):
+        main(["bench", "never-worse", "--cases-from", str(earlier)])
