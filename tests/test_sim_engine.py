@@ -230,6 +230,26 @@ class PoolMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
+    def step_in_place(self, data) -> None:
+        """The engine skips allocate + cache_full_blocks for a running sequence where `covers`
+        says so: exactly where the two would change neither its blocks nor its registered
+        count (given its hashes, which the engine extends as tokens are generated)."""
+        seq = data.draw(st.sampled_from(sorted(self.seqs)))
+        tokens = data.draw(st.integers(1, len(self.pool.blocks_of(seq)) * 4 + 4))
+        hashes = self.seqs[seq]
+        hashes += [("generated", seq, k) for k in range(len(hashes), tokens // 4)]
+        before = (list(self.pool.blocks_of(seq)), self.pool._registered.get(seq, 0))
+        covered = self.pool.covers(seq, tokens)
+        ok = self.pool.allocate(seq, tokens)
+        assert ok == self.ref.allocate(seq, tokens, [])
+        if ok:
+            self.pool.cache_full_blocks(seq, hashes, tokens)
+            self.ref.cache(seq, hashes, tokens)
+        after = (list(self.pool.blocks_of(seq)), self.pool._registered.get(seq, 0))
+        assert covered == (ok and before == after)
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
     def finish(self, data) -> None:
         seq = data.draw(st.sampled_from(sorted(self.seqs)))
         del self.seqs[seq]

@@ -286,6 +286,11 @@ class Engine:
         while i < len(running) and budget > 0:
             req = running[i]
             n_new = min(req.num_tokens - req.num_computed, budget)
+            if pool.covers(req.id, req.num_computed + n_new):  # nothing to allocate or cache
+                scheduled[req.id] = n_new
+                budget -= n_new
+                i += 1
+                continue
             while not pool.allocate(req.id, req.num_computed + n_new):
                 victim = running.pop()
                 self._preempt(victim)

@@ -68,6 +68,17 @@ class BlockPool:
             out.append(block)
         return out
 
+    def covers(self, seq_id: Hashable, num_tokens: int) -> bool:
+        """Whether `allocate` and `cache_full_blocks` for num_tokens would change nothing: the
+        sequence holds the blocks and every full one among them is registered (most decode
+        steps, which the engine then skips at the cost of one lookup)."""
+        held = self._held.get(seq_id)
+        return (
+            held is not None
+            and len(held) * self.block_size >= num_tokens
+            and num_tokens // self.block_size <= self._registered.get(seq_id, 0)
+        )
+
     def blocks_needed(self, seq_id: Hashable, num_tokens: int, hit: Sequence[int] = ()) -> int:
         """Free blocks an `allocate` of this size would take (cached hits that sit in the
         free queue count: taking a reference removes them from it)."""
