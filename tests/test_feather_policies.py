@@ -19,7 +19,7 @@ from feather.policies import (
     StepOutcome,
     create_scheduler,
 )
-from feather.policies.feather import DecisionState
+from feather.policies.feather import DecisionState, _Window
 from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
 
 FEATHER = ("feather-static", "feather-ucb", "feather-qlearn")
@@ -351,3 +351,20 @@ def test_protocol_errors_are_clear() -> None:
 
 def test_report_step_reward_is_throughput() -> None:
     assert StepOutcome(batch_size=4, tokens=8, step_time_s=0.5).throughput_tok_s == 16.0
+
+
+def test_reward_signals_differ_only_in_whether_prefill_steps_count() -> None:
+    """After a decision: one prefill step (10 tokens in 0.5 s), two decode steps (40 tokens in
+    0.5 s each). The paper's decode reward is 80 tok/s, the all-steps one 90 / 1.5 = 60."""
+    steps = (StepOutcome(8, 10, 0.5, prefill_tokens=3000), StepOutcome(8, 40, 0.5),
+             StepOutcome(8, 40, 0.5))
+    for signal, expected in (("decode", 0.8), ("all-steps", 0.6)):
+        policy = make("feather-ucb", reward_scale_tok_s=100.0, reward_signal=signal)
+        policy._window = _Window([("b4|d3|w3", Action.ADD)])
+        for outcome in steps:
+            policy.report_step(outcome)
+        policy._credit(policy._window, next_key=None)
+        assert policy.table.stats["b4|d3|w3"][Action.ADD].value == pytest.approx(expected)
+        assert policy.params()["reward_signal"] == signal
+    with pytest.raises(ValueError, match="reward_signal must be one of"):
+        make("feather-ucb", reward_signal="makespan")

@@ -290,13 +290,23 @@ class FeatherStaticPolicy(FeatherPolicy):
 class _Window:
     """The decisions of one step and the steps that followed, until the next decisions."""
 
-    __slots__ = ("decisions", "decode_time_s", "decode_tokens", "steps")
+    __slots__ = ("all_time_s", "all_tokens", "decisions", "decode_time_s", "decode_tokens", "steps")
 
     def __init__(self, decisions: list[tuple[str, Action]]) -> None:
         self.decisions = decisions
         self.decode_tokens = 0  # tokens of the steps without prefill
         self.decode_time_s = 0.0
+        self.all_tokens = 0  # every step's, prefill included (reward_signal "all-steps")
+        self.all_time_s = 0.0
         self.steps = 0
+
+    def tokens_and_time(self, signal: str) -> tuple[int, float]:
+        if signal == "decode":
+            return self.decode_tokens, self.decode_time_s
+        return self.all_tokens, self.all_time_s
+
+
+REWARD_SIGNALS = ("decode", "all-steps")
 
 
 class FeatherLearningPolicy(FeatherPolicy):
@@ -316,8 +326,12 @@ class FeatherLearningPolicy(FeatherPolicy):
             (`StateBuckets.generalise`), else ADD.
         policy_file: load the table from this JSON file (see `save`).
         reward_horizon: at most this many steps are credited to one step's decisions.
-        reward_scale_tok_s: divide throughput by this; None = by the highest decode
-            throughput seen so far.
+        reward_scale_tok_s: divide throughput by this; None = by the highest throughput (of
+            the same signal) seen so far.
+        reward_signal: "decode" (the paper's: the window's prefill-free steps) or "all-steps"
+            (tokens over the whole window's time, prefill steps included: it charges ADD for
+            the prefill it admits and STOP for none until the held-back requests come in) -
+            the alternative measured against the paper's in docs/stop.md.
         buckets: state bucket edges, `{"batch": [...], "delta_tokens": [...], "w": [...]}`.
     """
 
@@ -336,6 +350,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         policy_file: str | Path | None = None,
         reward_horizon: int = 16,
         reward_scale_tok_s: float | None = None,
+        reward_signal: str = "decode",
         buckets: dict[str, list[int]] | None = None,
     ) -> None:
         super().__init__(
@@ -350,6 +365,11 @@ class FeatherLearningPolicy(FeatherPolicy):
             raise ValueError(f"reward_horizon must be >= 1, got {reward_horizon}")
         if reward_scale_tok_s is not None and reward_scale_tok_s <= 0:
             raise ValueError(f"reward_scale_tok_s must be > 0, got {reward_scale_tok_s}")
+        if reward_signal not in REWARD_SIGNALS:
+            raise ValueError(
+                f"reward_signal must be one of {', '.join(REWARD_SIGNALS)}, got {reward_signal!r}"
+            )
+        self.reward_signal = reward_signal
         self.frozen = frozen
         self.reward_horizon = reward_horizon
         self.reward_scale_tok_s = reward_scale_tok_s
@@ -397,7 +417,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             self._window = _Window(self._step_decisions)
             self._step_decisions = []
         decode_only = outcome.prefill_tokens == 0 and outcome.step_time_s > 0
-        if decode_only:
+        if outcome.step_time_s > 0 and (decode_only or self.reward_signal == "all-steps"):
             self._max_throughput = max(self._max_throughput, outcome.throughput_tok_s)
         window = self._window
         if window is None:
@@ -405,18 +425,21 @@ class FeatherLearningPolicy(FeatherPolicy):
         if decode_only:
             window.decode_tokens += outcome.tokens
             window.decode_time_s += outcome.step_time_s
+        window.all_tokens += outcome.tokens
+        window.all_time_s += outcome.step_time_s
         window.steps += 1
         if window.steps >= self.reward_horizon:
             self._credit(window, next_key=None)
             self._window = None
 
     def _credit(self, window: _Window, next_key: str | None) -> None:
-        if self.frozen or window.decode_time_s <= 0:
+        tokens, seconds = window.tokens_and_time(self.reward_signal)
+        if self.frozen or seconds <= 0:
             return
         scale = self.reward_scale_tok_s or self._max_throughput
         if scale <= 0:
             return
-        reward = min(1.0, (window.decode_tokens / window.decode_time_s) / scale)
+        reward = min(1.0, (tokens / seconds) / scale)
         decisions = window.decisions
         for i, (key, action) in enumerate(decisions):
             following = decisions[i + 1][0] if i + 1 < len(decisions) else next_key
@@ -489,6 +512,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             "frozen": self.frozen,
             "reward_horizon": self.reward_horizon,
             "reward_scale_tok_s": self.reward_scale_tok_s,
+            "reward_signal": self.reward_signal,
             "buckets": self.buckets.to_json(),
             "learner": self._learner_params(),
             "policy_file": self.policy_file,
