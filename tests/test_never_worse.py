@@ -106,6 +106,7 @@ def case_of(draw: dict) -> Case:
         kernel=draw["kernel"],
         engine_mode=draw["engine_mode"],
         num_blocks=num_blocks,
+        max_num_seqs=draw.get("slots", 256),
     )
     if not draw["poisson"]:
         return case
@@ -119,6 +120,7 @@ def case_of(draw: dict) -> Case:
         engine_mode=case.engine_mode,
         num_blocks=num_blocks,
         below_saturation=True,
+        max_num_seqs=case.max_num_seqs,
     )
 
 
@@ -133,6 +135,11 @@ NAMED = {
                            "kernel": "cascade"},
     "tight-long-sglang": {"shape": "groups", "groups": 6, "per_group": 20, "prefix": 1024,
                           "tight": True, "engine_mode": "sglang"},
+    # groups of 36 under 64 slots: a homogeneous batch of 36 does not amortise the weights'
+    # read against a mixed 64 (feather-static's old threshold, half the slots, lost here)
+    "big-groups-few-slots-cascade-ada": {"shape": "groups", "groups": 5, "per_group": 36,
+                                         "prefix": 2048, "kernel": "cascade",
+                                         "hardware": "rtx-6000-ada", "slots": 64},
     "grouped-poisson": {"shape": "groups", "groups": 8, "per_group": 20, "prefix": 2048,
                         "order": "grouped", "poisson": True},
 }
@@ -187,3 +194,16 @@ def test_the_papers_rule_on_any_kernel_loses_to_fcfs_with_nested_prefixes() -> N
     assert result["feather"]["paper's rule"]["mean_batch_size"] < 0.5 * (
         result["feather"]["feather-static"]["mean_batch_size"]
     )
+
+
+def test_stopping_at_half_the_slots_loses_on_the_ada_with_cascade() -> None:
+    """Why feather-static stops only from three quarters of the slots: at half, it holds
+    batches of one group of 36 against FCFS's mixed 64 on the RTX 6000 Ada, where the L2
+    already serves a mixed batch's prefixes."""
+    case = case_of({**DEFAULTS, **NAMED["big-groups-few-slots-cascade-ada"]})
+    half = Variant("half the slots", "feather-static", {"min_batch_fraction": 0.5})
+    result = compare(case, [half, Variant("feather-static", "feather-static")])
+    ratio = result["feather"]["half the slots"]["throughput_ratio"]
+    assert violations(result) == [f"half the slots: {ratio:.3f}x FCFS throughput"]
+    assert result["feather"]["half the slots"]["stop_decisions"] > 0
+    assert result["feather"]["feather-static"]["stop_decisions"] == 0

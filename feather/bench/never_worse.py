@@ -44,6 +44,7 @@ class Case:
     kv_pool_fraction: float | None = None
     num_blocks: int | None = None
     below_saturation: bool = False
+    max_num_seqs: int = 256
 
     def spec(self, scheduler: str, params: dict[str, Any] | None = None) -> SimulationSpec:
         return SimulationSpec(
@@ -55,6 +56,7 @@ class Case:
             engine_mode=self.engine_mode,
             kv_pool_fraction=self.kv_pool_fraction,
             num_blocks=self.num_blocks,
+            max_num_seqs=self.max_num_seqs,
             scheduler_params=params or {},
         )
 
