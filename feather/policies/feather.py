@@ -249,10 +249,11 @@ class FeatherStaticPolicy(FeatherPolicy):
     A100's, so there the boundary lies between 160 and 200 of 256 slots (cascade, llama-3.1-8b,
     groups of 150-240, 1.2K-6K-token prefixes, 128 and 512 outputs: STOP at b >= 128 ran at
     0.77-0.93x FCFS with groups of 150-160 and 2.5K-token or shorter prefixes, at b >= 192 at
-    1.00-1.27x; on the A100 both won, 1.17-2.33x). With 64 slots, groups of 36-40 lost on both
-    devices at b >= 32 (0.67-0.97x), and at b >= 48 were 1.00-1.19x. Three quarters is the smallest
-    fraction that lost nowhere we measured on either device; the learned tables find each
-    device's own boundary below it (the A100's lies at 64-127 of 256). vLLM's cascade
+    1.00-1.27x; on the A100 both won, 1.18-2.33x). With 64 slots, groups of 36-40 lost on both
+    devices at b >= 32 (0.67-0.97x), and at b >= 48 were 1.00-1.19x. Of the two fractions
+    measured, a half and three quarters, only three quarters lost nowhere on either device;
+    the learned tables find each device's own boundary below it (the A100's lies at 64-127
+    of 256). vLLM's cascade
     thresholds (8 requests, 256 tokens), the old defaults, say when cascade may run, not when
     it beats a batch 30x larger: with them feather-static ran at 0.37x FCFS on 80 groups of
     10 (4K-token prefixes, cascade). w is not used: the loss of sharing does not depend on
