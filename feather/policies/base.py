@@ -274,6 +274,11 @@ class AdmissionPolicy(ABC):
     def is_waiting(self, req_id: RequestId) -> bool:
         return self._state.get(req_id) is _State.WAITING
 
+    def footprint(self) -> dict[str, int]:
+        """What the policy holds per request (its structures add theirs): all 0 once every
+        request it saw finished or was aborted, however they interleaved."""
+        return {"requests": len(self._state), "running": self._num_running}
+
     def arrival_seq(self, req_id: RequestId) -> int:
         return self._seq[req_id]
 

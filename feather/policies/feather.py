@@ -173,6 +173,12 @@ class FeatherPolicy(AdmissionPolicy):
     def _on_drop_waiting(self, req_id: RequestId) -> None:
         self.cht.finish(req_id)
 
+    def footprint(self) -> dict[str, int]:
+        return {
+            **super().footprint(),
+            **{f"cht_{key}": value for key, value in self.cht.footprint().items()},
+        }
+
     def _choose(self) -> RequestId | None:
         cht = self.cht
         oldest = cht.oldest()

@@ -139,10 +139,33 @@ def _type_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("collections.abc.", "")
 
 
-def check_scheduler_params(name: str, params: Mapping[str, Any], where: str = "") -> None:
+# Parameters naming files a workflow produces before the job that reads them runs (a trained
+# table): their values are checked when the job loads them, not at parse time.
+PRODUCED_FILE_PARAMS = frozenset({"policy_file"})
+
+
+def check_scheduler_params(
+    name: str, params: Mapping[str, Any], where: str = "", *, values: bool = True
+) -> None:
     """Every parameter is one the scheduler's class takes, with a value of its declared
-    type; checked before the engine or the workflow starts, naming only what was given
-    (`where`: the flag or config key the parameters came from)."""
+    type and in the class's own range; checked before the engine or the workflow starts,
+    naming only what was given (`where`: the flag or config key the parameters came from).
+
+    The range is the class's own: it is built once with the given parameters (less any
+    `PRODUCED_FILE_PARAMS`), so the CLI, the workflow and the engines refuse the same values
+    with the same message. `values=False` skips that build (a caller about to build it)."""
+    _check_param_types(name, params, where)
+    if not values:
+        return
+    cls = resolve_scheduler(name)
+    try:
+        cls(**{k: v for k, v in params.items() if k not in PRODUCED_FILE_PARAMS})
+    except (TypeError, ValueError) as exc:  # the class's own range checks
+        given = f" (given in {where})" if where else ""
+        raise SchedulerParamError(f"scheduler {name!r}{given}: {exc}") from exc
+
+
+def _check_param_types(name: str, params: Mapping[str, Any], where: str) -> None:
     cls = resolve_scheduler(name)
     given = f" (given in {where})" if where else ""
     if not isinstance(params, Mapping):
@@ -167,7 +190,7 @@ def check_scheduler_params(name: str, params: Mapping[str, Any], where: str = ""
 def create_scheduler(name: str, **params: Any) -> AdmissionPolicy:
     """Instantiate a scheduler by name or dotted path with its parameters."""
     cls = resolve_scheduler(name)
-    check_scheduler_params(name, params)
+    check_scheduler_params(name, params, values=False)
     try:
         return cls(**params)
     except (TypeError, ValueError) as exc:  # the class's own range checks
@@ -191,7 +214,8 @@ def create_engine_policy(
     gives them. The user's `params` win for everything else; `seed` is the default seed.
     """
     params = dict(params or {})
-    check_scheduler_params(name, params)  # the user's own, before the engine's are added
+    # the user's own, before the engine's are added (their range when the class is built)
+    check_scheduler_params(name, params, values=False)
     accepted = scheduler_parameters(resolve_scheduler(name))
     if "chunk_size" in accepted:
         params.setdefault("chunk_size", block_size)

@@ -192,7 +192,7 @@ class VllmSession:
             "max_model_len": max_model_len,
             "scheduler_cls": ASYNC_SCHEDULER_CLS if setup.async_scheduling else SCHEDULER_CLS,
             "async_scheduling": setup.async_scheduling,
-            "additional_config": {"feather": {"scheduler": "fcfs"}},
+            "additional_config": {"feather": {"scheduler": "fcfs", "records": True}},
         }
         if setup.num_blocks is not None:
             kwargs["num_gpu_blocks_override"] = setup.num_blocks

@@ -23,8 +23,10 @@ reward from the measured step times.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -32,6 +34,7 @@ from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
+from feather.atomic import write_text_atomic
 from feather.engines.vllm.queue import PolicyWaitingQueue
 from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_vllm_policy
 from feather.policies.base import Action
@@ -47,6 +50,14 @@ class FeatherSettings:
     params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     groups: list[Any] | None = None  # prefix group of the k-th request added, for the records
+    # where to keep a JSON snapshot of what the scheduler and its policy hold (`held()`),
+    # rewritten atomically at every arrival, step and free: a served engine runs in its own
+    # process, and this is how a client or a test sees that nothing leaks. None: not written.
+    state_file: str | None = None
+    # keep a row per step and per request (the offline runner's traces, `trace_rows()`); off,
+    # what a served engine keeps stays bounded however long it serves (a row per step would
+    # grow without end under `vllm serve`)
+    records: bool = False
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> FeatherSettings:
@@ -138,7 +149,13 @@ class _FeatherSchedulingMixin:
         self._native_waiting = self.waiting
         self._policy_queue: PolicyWaitingQueue | None = None
         settings = FeatherSettings.from_vllm_config(self.vllm_config)
+        self._state_file = Path(settings.state_file) if settings.state_file else None
+        self._records = settings.records
+        self.requests_added = 0  # since the engine started, over every policy
+        self.requests_freed = 0
+        self.requests_freed_twice = 0  # frees of a request the engine no longer held
         self.use_policy(settings.scheduler, settings.params, settings.seed, settings.groups)
+        self._write_state()
 
     # ---- configuration ----------------------------------------------------------------------
     def use_policy(
@@ -161,6 +178,7 @@ class _FeatherSchedulingMixin:
         self._group_of: dict[str, Any] = {}
         self.step_rows = []
         self.request_times: dict[str, RequestTimes] = {}
+        self._arrivals = 0  # requests added since use_policy
         self._rows_in_flight: dict[int, StepRow] = {}
         self._clock0 = time.perf_counter()
         self._last_update: float | None = None
@@ -191,11 +209,13 @@ class _FeatherSchedulingMixin:
 
     # ---- vLLM's hooks -------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
-        index = len(self.request_times)
+        index, self._arrivals = self._arrivals, self._arrivals + 1
         self.request_times[request.request_id] = RequestTimes(index, request.num_prompt_tokens)
         if self._groups is not None and index < len(self._groups):
             self._group_of[request.request_id] = self._groups[index]
         super().add_request(request)
+        self.requests_added += 1
+        self._write_state()
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         running_before = {r.request_id for r in self.running}
@@ -241,6 +261,7 @@ class _FeatherSchedulingMixin:
                     )
                 )
         self._last_update, self._last_update_cpu = now, now_cpu
+        self._write_state()
         return outputs
 
     def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
@@ -248,7 +269,13 @@ class _FeatherSchedulingMixin:
         self._preempted_in_step = getattr(self, "_preempted_in_step", 0) + 1
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
-        times = self.request_times[request.request_id]
+        if request.request_id not in self.requests:  # vLLM freeing what it already freed
+            self.requests_freed_twice += 1
+        times = (
+            self.request_times[request.request_id]
+            if self._records
+            else self.request_times.pop(request.request_id)
+        )
         times.finish_s = time.perf_counter() - self._clock0
         times.preemptions = request.num_preemptions
         times.output_tokens = request.num_output_tokens
@@ -256,7 +283,31 @@ class _FeatherSchedulingMixin:
         if self._policy_queue is not None:
             self._policy_queue.forget(request.request_id)
         self._finished_in_update = getattr(self, "_finished_in_update", 0) + 1
+        self.requests_freed += 1
+        self._write_state()
         return result
+
+    # ---- what it holds ------------------------------------------------------------------------
+    def held(self) -> dict[str, Any]:
+        """What the engine's scheduler and the policy hold now, and the request accounting
+        since the engine started: after a burst of any clients, aborts and disconnects
+        included, `requests`, `waiting`, `running` and the policy's footprint return to 0,
+        `freed` equals `added`, and no request was freed twice."""
+        return {
+            "scheduler": self.scheduler_name,
+            "requests": len(self.requests),
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "added": self.requests_added,
+            "freed": self.requests_freed,
+            "freed_twice": self.requests_freed_twice,
+            "records": {"steps": len(self.step_rows), "requests": len(self.request_times)},
+            "policy": self.policy.footprint() if self.policy is not None else None,
+        }
+
+    def _write_state(self) -> None:
+        if self._state_file is not None:
+            write_text_atomic(self._state_file, json.dumps(self.held(), sort_keys=True))
 
     # ---- records ------------------------------------------------------------------------------
     def _record_schedule(
@@ -321,7 +372,8 @@ class _FeatherSchedulingMixin:
             seq_context_tokens=contexts,
             seq_new_tokens=news,
         )
-        self.step_rows.append(row)
+        if self._records:
+            self.step_rows.append(row)
         self._rows_in_flight[id(output)] = row
 
     def _row_for(self, output: SchedulerOutput) -> StepRow | None:

@@ -118,7 +118,9 @@ def read_jsonl(path: Path, what: str, fields: dict[str, FieldCheck]) -> list[dic
     json builder gave no line numbers, kept an Arrow cache per file and, on every call, sent
     a HEAD request to s3.amazonaws.com to count the load.)"""
     try:
-        text = path.read_text(encoding="utf-8")
+        # bytes, then decoded: read_text's universal newlines would make a "\r" inside a
+        # record a line break, and half a record a line of its own
+        text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WorkloadError(f"{what} file {path}: not UTF-8 text ({exc.reason})") from None
     records = []
