@@ -31,6 +31,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/fidelity.smk"
+include: "workflow/rules/online.smk"
 
 
 # Your own rules (e.g. a patched engine run by an external command): config extra_rules.

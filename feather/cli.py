@@ -648,11 +648,13 @@ def build_parser() -> argparse.ArgumentParser:
     bkern.add_argument("--quiet", action="store_true", help="no progress on stderr")
     bkern.set_defaults(func=_cmd_bench_kernels)
 
+    from feather.engines.vllm.online_cli import register as register_online
     from feather.overhead.cli import register as register_overhead
     from feather.sim.sched_cost_cli import register as register_sched_cost
 
     register_overhead(commands)
     register_sched_cost(commands)
+    register_online(commands)
     workload = commands.add_parser("workload", help="build and inspect workloads")
     workloads = workload.add_subparsers(dest="workload", required=True)
     wb = workloads.add_parser(

@@ -258,6 +258,25 @@ def test_fidelity_figure_is_readable(workloads: int, tmp_path: Path) -> None:
     readable(only_save(lambda out: draw_fidelity(doc, out), tmp_path), "fidelity")
 
 
+@pytest.mark.parametrize("datasets", [1, 2])
+def test_online_figure_is_readable(datasets: int, tmp_path: Path) -> None:
+    """The default sweep (one dataset, fcfs + feather-static, two fractions) and the full
+    one's shape (two datasets, four schedulers, three fractions)."""
+    from test_online_pipeline import online_document
+
+    from feather.pipeline.online_figure import draw_online
+
+    schedulers = ("fcfs", "feather-static") if datasets == 1 else (
+        "fcfs", "lpm", "dfs-weight", "feather-static")
+    fractions = (0.5, 0.9) if datasets == 1 else (0.3, 0.6, 0.9)
+    paths = []
+    for d, dataset in enumerate(("leval_online", "prefix-repetition-4x2048+64-out16")[:datasets]):
+        path = tmp_path / f"online{d}.json"
+        path.write_text(online_document(dataset, schedulers, fractions))
+        paths.append(path)
+    readable(only_save(lambda out: draw_online(paths, out), tmp_path), "online_latency")
+
+
 def test_every_module_that_saves_a_figure_is_checked_here() -> None:
     """A new module drawing figures needs its test above (then add it to this list)."""
     saving = {
@@ -280,7 +299,8 @@ def test_every_figure_an_experiment_names_is_registered() -> None:
     simulation in the pipeline's last rule."""
     import yaml
 
-    drawn = set(FIGURES) | set(OVERHEAD) | {"fidelity"}  # fidelity: its own rule draws it
+    # fidelity and online_latency: their own rules draw them
+    drawn = set(FIGURES) | set(OVERHEAD) | {"fidelity", "online_latency"}
     tests = Path(__file__).resolve().parent
     for path in [*(PACKAGE.parent / "experiments").glob("*.yaml"),
                  *(tests / "fixtures" / "tiny_experiments").glob("*.yaml")]:

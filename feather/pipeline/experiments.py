@@ -774,6 +774,7 @@ def capacity_run(experiment: str, workload: str, spec: str, model: str, hardware
 # Experiments with their own rules and config section, not expanded into simulator runs.
 SEPARATE_EXPERIMENTS = {
     "overhead": "config.yaml's `overhead:` section (workflow/rules/overhead.smk)",
+    "online": "config.yaml's `online:` section (workflow/rules/online.smk)",
 }
 
 

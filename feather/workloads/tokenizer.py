@@ -46,6 +46,10 @@ class Tokenizer(Protocol):
         """Token ids of each text, without special tokens."""
         ...
 
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids, special tokens left out."""
+        ...
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -75,6 +79,10 @@ class SentencePieceTokenizer:
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         return self._sp.encode(texts)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids (control tokens such as BOS dropped, as servers add them)."""
+        return self._sp.decode(ids)
 
 
 class HFTokenizer:
@@ -107,6 +115,9 @@ class HFTokenizer:
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)
 
 
 DEFAULT_TOKENIZER = "mistral-common:tokenizer.model.v1"

@@ -138,8 +138,9 @@ FIDELITY = config.get("fidelity")
 FIDELITY_SWEEP = (FIDELITY or {}).get("sweep", "default") if FIDELITY else None
 EXPERIMENT_NAMES = list(config["experiments"]) + (
     ["fidelity"] if FIDELITY_SWEEP == "full" and "fidelity" not in config["experiments"] else [])
+AVAILABLE_DATA = _available_data()
 EXPERIMENTS = load_experiments(REPO / config.get("experiments_dir", "experiments"),
-                               EXPERIMENT_NAMES, config, _available_data(), ENGINE_HOSTS)
+                               EXPERIMENT_NAMES, config, AVAILABLE_DATA, ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
 LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
@@ -193,6 +194,7 @@ def all_targets():
              "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
             + overhead_targets() + kernel_targets() + fidelity_targets() + never_worse_targets()
+            + online_targets()
             + report_pages())
 
 
@@ -288,6 +290,42 @@ def vllm_cpu_traces():
     """Real vLLM-on-CPU runs of this workflow: their decode steps are the measured step."""
     return [f"{d}/summary.json" for b in ENGINE_BATCHES
             if b.engine == "vllm" and b.hardware == "cpu" for d in b.run_dirs()]
+
+# ---- online serving on real vLLM (workflow/rules/online.smk) ----
+
+ONLINE = config.get("online")
+ONLINE_SWEEP = (ONLINE or {}).get("sweep", "default") if ONLINE else None
+ONLINE_SPEC = REPO / config.get("experiments_dir", "experiments") / "online.yaml"
+
+
+def _online_jobs():
+    """experiments/online.yaml's jobs, where `online:` is on and vllm runs here on a CPU
+    (vllm-cpu: the engine `vllm serve` starts on this machine), else none, with the reason."""
+    if not ONLINE_SWEEP:
+        return []
+    if ENGINE_HOSTS.get("vllm") != "cpu":
+        note("online: vllm-cpu is not the vLLM here (or vllm is not configured): skipped")
+        return []
+    from feather.pipeline.experiments import ExperimentError
+    from feather.pipeline.online import load_online_jobs
+
+    try:
+        jobs = load_online_jobs(ONLINE_SPEC, ONLINE_SWEEP, config)
+    except ExperimentError as exc:
+        stop(str(exc))
+    if "leval" not in AVAILABLE_DATA:
+        jobs = [j for j in jobs if j.workload_spec is None or "leval__" not in j.workload_spec]
+    return jobs
+
+
+ONLINE_JOBS = _online_jobs()
+
+
+def online_targets():
+    if not ONLINE_JOBS:
+        return []
+    return [f"{job.out_dir}/online.json" for job in ONLINE_JOBS] + ["figures/online_latency.png"]
+
 
 # ---- decode-attention kernels (workflow/rules/kernels.smk) ----
 

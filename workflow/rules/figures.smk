@@ -56,19 +56,22 @@ rule verdicts:
         overhead=overhead_targets()[:1],  # the overhead report (and its tables), where on
         kernels=kernel_results() if KERNEL_SWEEP != "off" else [],
         fidelity=fidelity_targets()[:1],  # results/fidelity/fidelity.csv, where it runs
+        online=[f"{job.out_dir}/online.json" for job in ONLINE_JOBS],
     output:
         "figures/verdicts.md",
     params:
         overhead_dir=lambda wc, input: str(Path(input.overhead[0]).parent) if input.overhead else None,
         kernel_files=lambda wc, input: list(input.kernels),
         fidelity_path=lambda wc, input: input.fidelity[0] if input.fidelity else None,
+        online_files=lambda wc, input: list(input.online),
     log:
         "logs/figures/verdicts.log",
     run:
         from feather.pipeline.verdicts import write_verdicts
 
         with logged_to(log[0]):
-            # params in write_verdicts' order: overhead_dir, kernel_files, fidelity_path
+            # params in write_verdicts' order: overhead_dir, kernel_files, fidelity_path,
+            # online_files
             write_verdicts(input.table, output[0], *params)
 
 

@@ -1,0 +1,321 @@
+"""Online serving runs: `vllm serve` with our scheduler class, driven by `vllm bench serve`.
+
+Per scheduler one server start (`VllmServer`, as users start it); against it, vLLM's own
+serving benchmark client sends the requests over HTTP with Poisson arrivals at each rate
+and reports client-side TTFT, TPOT, inter-token latency and end-to-end latency percentiles
+and throughput. Rates are fractions of a measured capacity: first every request at once
+(rate inf, saturation) under FCFS, whose request throughput is the capacity; then each
+fraction of it for every scheduler, so "below saturation" means the same load for all.
+
+Datasets: a workload of ours (its prompts, in its order, as text in vLLM's `custom` JSONL
+format: the server tokenizes them as it would any client's) or vLLM's own
+`prefix_repetition` dataset (which vLLM builds and shuffles itself). After each rate the
+scheduler's state file must show nothing held: a run that leaks fails the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from feather.atomic import write_text_atomic
+from feather.engines.vllm.serve import ServeSetup, VllmServer
+
+PERCENTILES = (50, 90, 99)
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass(frozen=True)
+class OnlineDataset:
+    """What the client sends: `workload` (a built workload file of ours) or vLLM's
+    `prefix-repetition` dataset with its four sizes."""
+
+    kind: str
+    workload: str | None = None
+    prefix_len: int = 1024
+    suffix_len: int = 64
+    num_prefixes: int = 4
+    output_len: int = 16
+    num_prompts: int = 32
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("workload", "prefix-repetition"):
+            raise ValueError(f"dataset kind must be workload or prefix-repetition, got {self.kind}")
+        if self.kind == "workload" and not self.workload:
+            raise ValueError("a workload dataset needs the workload file")
+        for name in ("prefix_len", "suffix_len", "num_prefixes", "output_len", "num_prompts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def label(self) -> str:
+        if self.kind == "workload":
+            return Path(str(self.workload)).stem
+        return (
+            f"prefix-repetition-{self.num_prefixes}x{self.prefix_len}+{self.suffix_len}"
+            f"-out{self.output_len}"
+        )
+
+    def client_args(self, workdir: Path) -> tuple[list[str], int, int]:
+        """vLLM bench serve's dataset flags, the number of prompts and the longest prompt
+        in tokens (for max_model_len); a workload is written as vLLM's custom JSONL."""
+        if self.kind == "prefix-repetition":
+            args = ["--dataset-name", "prefix_repetition"]
+            args += ["--prefix-repetition-prefix-len", str(self.prefix_len)]
+            args += ["--prefix-repetition-suffix-len", str(self.suffix_len)]
+            args += ["--prefix-repetition-num-prefixes", str(self.num_prefixes)]
+            args += ["--prefix-repetition-output-len", str(self.output_len)]
+            return args, self.num_prompts, self.prefix_len + self.suffix_len
+        path, count, longest = write_custom_jsonl(str(self.workload), workdir / "prompts.jsonl")
+        args = ["--dataset-name", "custom", "--dataset-path", str(path)]
+        args += ["--disable-shuffle", "--skip-chat-template", "--no-oversample"]
+        args += ["--custom-output-len", "-1"]  # each line's output_tokens (default: 256 for all)
+        return args, count, longest
+
+
+def write_custom_jsonl(workload_path: str, out: Path) -> tuple[Path, int, int]:
+    """The workload's prompts as text (decoded with the tokenizer they were built with) and
+    output lengths, one JSON object per line in arrival order: vLLM's `custom` dataset."""
+    from feather.workloads import load_workload
+    from feather.workloads.tokenizer import load_tokenizer
+
+    workload = load_workload(workload_path)
+    tokenizer = load_tokenizer(None)
+    built_with = (workload.provenance.get("tokenizer") or {}).get("sha256")
+    if built_with and built_with != tokenizer.identity.sha256:
+        raise ValueError(
+            f"workload {workload_path} was tokenized with another tokenizer than the served "
+            f"model's ({tokenizer.identity.name}): its prompts would not be the same tokens"
+        )
+    lines = [
+        json.dumps(
+            {
+                "prompt": tokenizer.decode(list(map(int, r.prompt_token_ids))),
+                "output_tokens": int(r.output_len),
+            }
+        )
+        for r in workload.requests
+    ]
+    write_text_atomic(out, "\n".join(lines) + "\n")
+    longest = max((r.prompt_len for r in workload.requests), default=0)
+    return out, len(lines), longest
+
+
+@dataclass(frozen=True)
+class OnlineSweep:
+    """Schedulers (label, class, params) x load fractions of FCFS's saturated throughput."""
+
+    schedulers: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...]
+    dataset: OnlineDataset
+    load_fractions: tuple[float, ...] = (0.3, 0.6, 0.9)
+    model: str = "tiny-llama"
+    max_num_seqs: int = 8
+    num_blocks: int | None = None
+    max_num_batched_tokens: int | None = None
+    threads: int = 1
+    seed: int = 0
+    model_root: str = "data/models"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        labels = [label for label, _, _ in self.schedulers]
+        if "fcfs" not in labels:
+            raise ValueError("the online sweep measures capacity under fcfs: include fcfs")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"scheduler labels must be distinct, got {labels}")
+        if not self.load_fractions or any(not 0 < f < 10 for f in self.load_fractions):
+            raise ValueError(f"load fractions must be in (0, 10), got {self.load_fractions}")
+
+
+def bench_serve_args(
+    server: VllmServer,
+    dataset_args: Sequence[str],
+    num_prompts: int,
+    rate: float,
+    seed: int,
+    result: Path,
+) -> list[str]:
+    """The flags of one `vllm bench serve` against the server (what follows
+    `feather vllm bench serve` on a command line)."""
+    args = ["--backend", "vllm", "--base-url", server.url, "--model", server.setup.model]
+    args += ["--tokenizer", str(server.model_dir), *dataset_args]
+    args += ["--num-prompts", str(num_prompts), "--seed", str(seed)]
+    args += ["--request-rate", "inf" if math.isinf(rate) else f"{rate:.6g}"]
+    args += ["--ignore-eos", "--disable-tqdm", "--save-result", "--save-detailed"]
+    args += ["--result-dir", str(result.parent), "--result-filename", result.name]
+    args += ["--percentile-metrics", ",".join(METRICS)]
+    args += ["--metric-percentiles", ",".join(map(str, PERCENTILES))]
+    return args
+
+
+def bench_serve(args: Sequence[str], result: Path) -> dict[str, Any]:
+    """vLLM's serving benchmark client, unchanged (`vllm.benchmarks.serve.main`, what
+    `vllm bench serve` calls), run in this process: a client process per rate would pay
+    vLLM's ~20 s of imports each time. Its printout goes to `<result>.log`."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    parsed = parser.parse_args(list(args))
+    log = result.with_suffix(".log")
+    result.unlink(missing_ok=True)
+    with log.open("w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main(parsed)
+            failure = None
+        except Exception as exc:  # vLLM's client raising: reported with its printout
+            failure = exc
+    if failure is not None or not result.is_file():
+        tail = " | ".join(log.read_text(errors="replace").splitlines()[-12:])
+        raise RuntimeError(f"vllm bench serve failed ({failure!r}): {tail}")
+    return json.loads(result.read_text())
+
+
+def summarise(raw: dict[str, Any]) -> dict[str, Any]:
+    """The numbers a row keeps from vLLM's result (its own field names, in ms and /s)."""
+    row = {
+        key: raw.get(key)
+        for key in (
+            "duration",
+            "completed",
+            "failed",
+            "total_input_tokens",
+            "total_output_tokens",
+            "request_throughput",
+            "output_throughput",
+            "total_token_throughput",
+        )
+    }
+    for metric in METRICS:
+        row[f"mean_{metric}_ms"] = raw.get(f"mean_{metric}_ms")
+        for p in PERCENTILES:
+            row[f"p{p}_{metric}_ms"] = raw.get(f"p{p}_{metric}_ms")
+    errors = [e for e in raw.get("errors") or [] if e]
+    row["errors"] = len(errors)
+    row["first_error"] = errors[0][:300] if errors else None
+    return row
+
+
+def run_online_sweep(
+    sweep: OnlineSweep, out_dir: str | Path, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Every scheduler at saturation and at each fraction of FCFS's capacity: the rows."""
+    say = progress or (lambda message: None)
+    out = Path(out_dir)
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    dataset_args, num_prompts, longest = sweep.dataset.client_args(work)
+    max_model_len = max(1024, math.ceil((longest + 64 + sweep.dataset.output_len) / 1024) * 1024)
+    ordered = sorted(sweep.schedulers, key=lambda s: s[0] != "fcfs")  # fcfs first: capacity
+    rows: list[dict[str, Any]] = []
+    capacity: float | None = None
+    servers: dict[str, Any] = {}
+    for label, cls, params in ordered:
+        setup = ServeSetup(
+            model=sweep.model,
+            scheduler=cls,
+            params=dict(params),
+            seed=sweep.seed,
+            max_num_seqs=sweep.max_num_seqs,
+            num_blocks=sweep.num_blocks,
+            max_num_batched_tokens=sweep.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            threads=sweep.threads,
+            model_root=sweep.model_root,
+        )
+        say(f"{label}: starting vllm serve")
+        with VllmServer(setup, work / label) as server:
+            say(f"{label}: healthy after {server.startup_s:.0f} s on {server.url}")
+            servers[label] = {
+                "startup_s": server.startup_s,
+                "command": setup.command(server.model_dir, server.port, server.state_file),
+            }
+            rates = [math.inf]
+            if capacity is not None:
+                rates = [f * capacity for f in sweep.load_fractions] + rates
+            for rate in rates if label != "fcfs" else [math.inf]:
+                rows.append(
+                    _one_rate(
+                        server,
+                        label,
+                        rate,
+                        capacity,
+                        dataset_args,
+                        num_prompts,
+                        sweep.seed,
+                        work,
+                        say,
+                    )
+                )
+            if label == "fcfs":
+                capacity = rows[-1]["request_throughput"]
+                if not capacity or capacity <= 0:
+                    raise RuntimeError("fcfs completed nothing at saturation: no capacity")
+                say(f"capacity (fcfs, saturated): {capacity:.3f} requests/s")
+                for fraction in sweep.load_fractions:
+                    rows.append(
+                        _one_rate(
+                            server,
+                            label,
+                            fraction * capacity,
+                            capacity,
+                            dataset_args,
+                            num_prompts,
+                            sweep.seed,
+                            work,
+                            say,
+                        )
+                    )
+    return {
+        "capacity_rps": capacity,
+        "rows": rows,
+        "servers": servers,
+        "num_prompts": num_prompts,
+        "max_model_len": max_model_len,
+    }
+
+
+def _one_rate(
+    server: VllmServer,
+    label: str,
+    rate: float,
+    capacity: float | None,
+    dataset_args: Sequence[str],
+    num_prompts: int,
+    seed: int,
+    work: Path,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    name = "inf" if math.isinf(rate) else f"{rate:.4f}"
+    started = time.perf_counter()
+    result = work / label / f"rate_{name}.json"
+    raw = bench_serve(
+        bench_serve_args(server, dataset_args, num_prompts, rate, seed, result), result
+    )
+    state = server.wait_drained()
+    held = state.get("policy") or {}
+    leaked = state.get("requests", 1) != 0 or any(
+        held.get(k, 0) for k in ("requests", "running", "cht_requests", "cht_nodes")
+    )
+    if leaked or state.get("freed_twice"):
+        raise RuntimeError(f"{label} at rate {name}: the scheduler still holds {state}")
+    row = {
+        "scheduler": label,
+        "rate_rps": None if math.isinf(rate) else rate,
+        "load_fraction": None if math.isinf(rate) or not capacity else rate / capacity,
+        "saturated": math.isinf(rate),
+        **summarise(raw),
+        "scheduler_state_after": state,
+    }
+    say(
+        f"{label} rate {name}: {row['completed']} done, {row['request_throughput']:.3f} req/s, "
+        f"TTFT p99 {row['p99_ttft_ms']:.0f} ms ({time.perf_counter() - started:.0f} s)"
+    )
+    return row

@@ -1,0 +1,159 @@
+"""experiments/online.yaml -> the online jobs (one per dataset), checked at parse time.
+
+Each job is one `feather online` command: every scheduler of the sweep served in turn by
+`vllm serve`, loaded by `vllm bench serve` at each fraction of FCFS's capacity and at
+saturation. Schedulers come from config.yaml (`all`: every configured one), with their
+labels, classes and parameters, so a scheduler added there appears here too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from feather.pipeline.experiments import ExperimentError, workload_path
+
+SPEC_FIELDS = {
+    "claim", "title", "paper", "figures", "description", "workloads", "model", "engine",
+    "sweeps", "prefix_repetition",
+}  # fmt: skip
+SWEEP_FIELDS = {"schedulers", "load_fractions", "datasets"}
+ENGINE_FIELDS = {"max_num_seqs", "num_blocks", "max_num_batched_tokens", "threads"}
+PREFIX_REPETITION_FIELDS = {"num_prefixes", "prefix_len", "suffix_len", "output_len", "num_prompts"}
+OUT_DIR = "results/cpu/vllm/online"
+
+
+@dataclass(frozen=True)
+class OnlineJob:
+    dataset: str  # a workload name of the spec, or "prefix_repetition"
+    workload_spec: str | None  # the built workload file (None: vLLM's own dataset)
+    schedulers: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...]
+    load_fractions: tuple[float, ...]
+    model: str
+    engine: tuple[tuple[str, Any], ...]
+    prefix_repetition: tuple[tuple[str, int], ...]
+    seed: int = 0
+
+    @property
+    def out_dir(self) -> str:
+        return f"{OUT_DIR}/{self.dataset}"
+
+    def cli_args(self) -> list[str]:
+        """`feather online` arguments (without --out)."""
+        args = []
+        for label, cls, params in self.schedulers:
+            spec = {"label": label, "class": cls, "params": dict(params)}
+            args += ["--scheduler", label if (cls == label and not params) else json.dumps(spec)]
+        if self.workload_spec is not None:
+            args += ["--workload", self.workload_spec]
+        else:
+            sizes = dict(self.prefix_repetition)
+            args += [
+                "--prefix-repetition",
+                ",".join(
+                    str(sizes[k])
+                    for k in ("num_prefixes", "prefix_len", "suffix_len", "output_len")
+                ),
+            ]
+            args += ["--num-prompts", str(sizes["num_prompts"])]
+        args += ["--load-fractions", ",".join(f"{f:g}" for f in self.load_fractions)]
+        args += ["--model", self.model, "--seed", str(self.seed)]
+        for key, value in self.engine:
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        return args
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> list[OnlineJob]:
+    """The sweep's jobs; any mistake in the file is one ExperimentError naming the key."""
+    path = Path(path)
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ExperimentError(f"{path}: cannot read ({exc})") from None
+    if not isinstance(spec, dict) or set(spec) - SPEC_FIELDS:
+        extra = sorted(set(spec) - SPEC_FIELDS) if isinstance(spec, dict) else "not a mapping"
+        raise ExperimentError(f"{path}: unknown keys {extra}; allowed: {sorted(SPEC_FIELDS)}")
+    sweeps = spec.get("sweeps") or {}
+    if sweep not in sweeps:
+        raise ExperimentError(f"{path}: sweeps has no {sweep!r}; sweeps: {sorted(sweeps)}")
+    chosen = sweeps[sweep]
+    if not isinstance(chosen, dict) or set(chosen) != SWEEP_FIELDS:
+        raise ExperimentError(f"{path}: sweeps.{sweep} needs exactly {sorted(SWEEP_FIELDS)}")
+    engine = spec.get("engine") or {}
+    if set(engine) - ENGINE_FIELDS or not all(_whole(v) for v in engine.values()):
+        raise ExperimentError(
+            f"{path}: engine takes whole numbers >= 1 for {sorted(ENGINE_FIELDS)}, got {engine}"
+        )
+    fractions = chosen["load_fractions"]
+    if (
+        not isinstance(fractions, list)
+        or not fractions
+        or not all(
+            isinstance(f, int | float) and not isinstance(f, bool) and 0 < f < 10 for f in fractions
+        )
+    ):
+        raise ExperimentError(f"{path}: sweeps.{sweep}.load_fractions: numbers in (0, 10)")
+    configured: dict[str, dict[str, Any]] = config["schedulers"]
+    names = chosen["schedulers"]
+    names = list(configured) if names == "all" else names
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ExperimentError(f"{path}: sweeps.{sweep}.schedulers: `all` or a list of names")
+    unknown = [n for n in names if n not in configured]
+    if unknown:
+        raise ExperimentError(
+            f"{path}: sweeps.{sweep}.schedulers names {unknown}, not in config.yaml's "
+            f"schedulers ({', '.join(configured)})"
+        )
+    if "fcfs" not in names:
+        raise ExperimentError(f"{path}: sweeps.{sweep}.schedulers must include fcfs (capacity)")
+    schedulers = tuple(
+        (
+            n,
+            configured[n].get("class", n),
+            tuple(sorted((configured[n].get("params") or {}).items())),
+        )
+        for n in names
+    )
+    repetition = spec.get("prefix_repetition") or {}
+    workloads = spec.get("workloads") or {}
+    model = spec.get("model", "tiny-llama")
+    jobs = []
+    for dataset in chosen["datasets"]:
+        if dataset == "prefix_repetition":
+            if set(repetition) != PREFIX_REPETITION_FIELDS or not all(
+                _whole(v) for v in repetition.values()
+            ):
+                raise ExperimentError(
+                    f"{path}: prefix_repetition needs whole numbers >= 1 for "
+                    f"{sorted(PREFIX_REPETITION_FIELDS)}"
+                )
+            built = None
+        elif dataset in workloads:
+            built = workload_path(workloads[dataset], model)
+            if built is None:
+                raise ExperimentError(f"{path}: workload {dataset}: a synthetic spec has no file")
+        else:
+            raise ExperimentError(
+                f"{path}: sweeps.{sweep}.datasets names {dataset!r}: not a workload of the "
+                f"file ({', '.join(workloads)}) nor prefix_repetition"
+            )
+        jobs.append(
+            OnlineJob(
+                dataset=dataset,
+                workload_spec=built,
+                schedulers=schedulers,
+                load_fractions=tuple(float(f) for f in fractions),
+                model=model,
+                engine=tuple(sorted(engine.items())),
+                prefix_repetition=tuple(sorted(repetition.items())),
+            )
+        )
+    return jobs

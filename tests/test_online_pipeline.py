@@ -1,0 +1,137 @@
+"""The online experiment's pieces that need no engine: its spec is checked at parse time
+(each mistake one message naming the key), its jobs carry the configured schedulers and the
+right `feather online` flags, and the verdicts page's online row follows its stated rule."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from feather.engines.vllm.online import OnlineDataset, OnlineSweep
+from feather.engines.vllm.online_cli import register
+from feather.pipeline.experiments import ExperimentError
+from feather.pipeline.online import load_online_jobs
+from feather.pipeline.online_figure import online_verdict
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = REPO / "experiments" / "online.yaml"
+CONFIG = {"schedulers": {"fcfs": {}, "lpm": {}, "feather-static": {"params": {"min_batch": 4}},
+                         "mine": {"class": "feather.policies.lpm:LPMPolicy"}}}
+
+
+def online_document(dataset: str, schedulers, fractions, ttft_ratio: float = 1.0,
+                    capacity: float = 3.9) -> str:
+    """An online.json shaped like `feather online`'s: FCFS's TTFT grows with the load; the
+    others' is FCFS's x `ttft_ratio` below saturation."""
+    rows = []
+    for scheduler in schedulers:
+        scale = 1.0 if scheduler == "fcfs" else ttft_ratio
+        for fraction in (*fractions, None):
+            saturated = fraction is None
+            ttft = (6000.0 if saturated else 500 + 800 * fraction) * (
+                1.0 if scheduler == "fcfs" or not saturated else 0.4)
+            ttft = ttft if saturated else ttft * scale
+            throughput = (capacity if scheduler == "fcfs" else 2.4 * capacity) if saturated \
+                else 0.95 * fraction * capacity
+            rows.append({
+                "scheduler": scheduler, "saturated": saturated, "load_fraction": fraction,
+                "rate_rps": None if saturated else fraction * capacity, "completed": 24,
+                "errors": 0, "request_throughput": throughput, "p50_ttft_ms": 0.6 * ttft,
+                "p99_ttft_ms": ttft, "p99_tpot_ms": 14.0 + 3 * (fraction or 1.2),
+                "scheduler_state_after": {"requests": 0},
+            })  # fmt: skip
+    return json.dumps({"rows": rows, "capacity_rps": capacity, "dataset": {"label": dataset}})
+
+
+def test_the_shipped_spec_expands_to_jobs_with_the_configured_schedulers() -> None:
+    default = load_online_jobs(SPEC, "default", CONFIG)
+    assert [j.dataset for j in default] == ["leval_online"]
+    job = default[0]
+    assert [label for label, _, _ in job.schedulers] == ["fcfs", "feather-static"]
+    args = job.cli_args()
+    assert json.loads(args[args.index("--scheduler", 2) + 1]) == {
+        "label": "feather-static", "class": "feather-static", "params": {"min_batch": 4}}
+    assert args[args.index("--workload") + 1] == job.workload_spec
+    assert job.workload_spec.startswith("data/workloads/leval__") and "order=shuffled" in args[
+        args.index("--workload") + 1]
+    assert args[args.index("--load-fractions") + 1] == "0.5,0.9"
+    assert args[args.index("--num-blocks") + 1] == "80"
+    full = load_online_jobs(SPEC, "full", CONFIG)
+    assert [j.dataset for j in full] == ["leval_online", "prefix_repetition"]
+    assert [label for label, _, _ in full[0].schedulers] == list(CONFIG["schedulers"])
+    repetition = full[1].cli_args()
+    assert repetition[repetition.index("--prefix-repetition") + 1] == "4,2048,64,16"
+    assert "--workload" not in repetition
+
+
+def test_feather_online_parses_what_the_jobs_pass() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers(dest="command"))
+    for job in load_online_jobs(SPEC, "full", CONFIG):
+        args = parser.parse_args(["online", *shlex.split(shlex.join(job.cli_args())),
+                                  "--out", "x"])  # fmt: skip
+        assert args.load_fractions == job.load_fractions
+        assert len(args.scheduler) == len(job.schedulers)
+
+
+def _repetition_without(spec: dict, key: str) -> None:
+    del spec["prefix_repetition"][key]
+    spec["sweeps"]["default"]["datasets"] = ["prefix_repetition"]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda s: s["sweeps"]["default"].update(schedulers=["lpm"]), "must include fcfs"),
+        (lambda s: s["sweeps"]["default"].update(schedulers=["fcfs", "nope"]), "['nope']"),
+        (lambda s: s["sweeps"]["default"].update(load_fractions=[0.5, -1]), "load_fractions"),
+        (lambda s: s["sweeps"]["default"].update(datasets=["absent"]), "'absent'"),
+        (lambda s: s["sweeps"]["default"].pop("datasets"), "sweeps.default needs exactly"),
+        (lambda s: s["engine"].update(num_blocks=0), "engine takes whole numbers"),
+        (lambda s: s["engine"].update(swap=1), "engine takes whole numbers"),
+        (lambda s: s.update(surprise=1), "unknown keys ['surprise']"),
+        (lambda s: _repetition_without(s, "suffix_len"), "prefix_repetition needs"),
+    ],
+    ids=["no-fcfs", "unknown-scheduler", "fraction", "dataset", "sweep-keys", "engine-range",
+         "engine-key", "top-key", "repetition"],
+)
+def test_a_broken_spec_stops_with_the_key_named(change, says, tmp_path: Path) -> None:
+    spec = yaml.safe_load(SPEC.read_text())
+    change(spec)
+    path = tmp_path / "online.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ExperimentError) as error:
+        load_online_jobs(path, "default", CONFIG)
+    assert str(path) in str(error.value) and says in str(error.value), str(error.value)
+
+
+def test_the_sweep_measures_capacity_under_fcfs_and_refuses_bad_shapes() -> None:
+    dataset = OnlineDataset(kind="prefix-repetition")
+    with pytest.raises(ValueError, match="include fcfs"):
+        OnlineSweep(schedulers=(("lpm", "lpm", ()),), dataset=dataset)
+    with pytest.raises(ValueError, match="distinct"):
+        OnlineSweep(schedulers=(("fcfs", "fcfs", ()), ("fcfs", "lpm", ())), dataset=dataset)
+    with pytest.raises(ValueError, match="needs the workload"):
+        OnlineDataset(kind="workload")
+    assert dataset.label == "prefix-repetition-4x1024+64-out16"
+
+
+@pytest.mark.parametrize(("ratio", "verdict"), [(1.05, "holds"), (1.3, "does not hold")])
+def test_the_online_row_holds_only_within_its_tolerance(ratio, verdict, tmp_path) -> None:
+    path = tmp_path / "online.json"
+    path.write_text(online_document("leval_online", ("fcfs", "feather-static"), (0.5, 0.9),
+                                    ttft_ratio=ratio))  # fmt: skip
+    ours, got, mechanism = online_verdict([path])
+    assert got == verdict
+    assert f"{ratio:.2f}x" in ours and "2 rates" in ours
+    assert "2.40x FCFS's throughput" in mechanism  # the saturated run, said beside it
+
+
+def test_the_online_row_is_untestable_without_runs() -> None:
+    assert online_verdict([])[1] == "not testable here"

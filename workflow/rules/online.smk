@@ -1,0 +1,51 @@
+# Online serving on real vLLM (experiments/online.yaml; config.yaml's `online:` turns it on):
+# per dataset one job that serves every scheduler in turn with `vllm serve` and loads it
+# with `vllm bench serve`. It takes every core: it measures latency.
+
+
+for _job in ONLINE_JOBS:
+
+    rule:
+        name:
+            f"online_{_job.dataset}"
+        input:
+            [_job.workload_spec] if _job.workload_spec else [],
+        output:
+            json=f"{_job.out_dir}/online.json",
+            csv=f"{_job.out_dir}/online.csv",
+        params:
+            feather=FEATHER,
+            code=RUN_CODE,
+            args=shlex.join(_job.cli_args()),
+            out=lambda wc, output: str(Path(output.json).parent),
+        log:
+            f"logs/online/{_job.dataset}.log",
+        threads: all_cores
+        resources:
+            # measured here (default sweep, 2 schedulers): 4-5 minutes, 2.5 GB peak RSS
+            # (server, engine core and the in-process client); full: about 4x
+            mem_mb=6000,
+            runtime=60 if ONLINE_SWEEP == "full" else 20,
+        conda:
+            "../envs/feather.yaml"
+        shell:
+            "{params.feather} online {params.args} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule online_figure:
+    input:
+        [f"{job.out_dir}/online.json" for job in ONLINE_JOBS],
+    output:
+        report("figures/online_latency.png", caption="../report/figure.rst", category="Figures",
+               labels=report_labels("online_latency")),
+    log:
+        "logs/figures/online_latency.log",
+    run:
+        from feather.pipeline.online_figure import draw_online
+
+        with logged_to(log[0]):
+            draw_online(list(input), output[0])
+
+
+# drawn from the online jobs' tables, not from results/summary.parquet
+ruleorder: online_figure > figure
