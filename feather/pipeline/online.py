@@ -19,7 +19,7 @@ from feather.pipeline.experiments import ExperimentError, workload_path
 
 SPEC_FIELDS = {
     "claim", "title", "paper", "figures", "description", "workloads", "model", "engine",
-    "sweeps", "prefix_repetition",
+    "sweeps", "prefix_repetition", "repeats",
 }  # fmt: skip
 SWEEP_FIELDS = {"schedulers", "load_fractions", "datasets"}
 ENGINE_FIELDS = {"max_num_seqs", "num_blocks", "max_num_batched_tokens", "threads"}
@@ -36,6 +36,7 @@ class OnlineJob:
     model: str
     engine: tuple[tuple[str, Any], ...]
     prefix_repetition: tuple[tuple[str, int], ...]
+    repeats: int = 3
     seed: int = 0
 
     @property
@@ -61,7 +62,7 @@ class OnlineJob:
             ]
             args += ["--num-prompts", str(sizes["num_prompts"])]
         args += ["--load-fractions", ",".join(f"{f:g}" for f in self.load_fractions)]
-        args += ["--model", self.model, "--seed", str(self.seed)]
+        args += ["--model", self.model, "--seed", str(self.seed), "--repeats", str(self.repeats)]
         for key, value in self.engine:
             args += [f"--{key.replace('_', '-')}", str(value)]
         return args
@@ -122,6 +123,9 @@ def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> li
         )
         for n in names
     )
+    repeats = spec.get("repeats", 3)
+    if not _whole(repeats):
+        raise ExperimentError(f"{path}: repeats must be a whole number >= 1, got {repeats!r}")
     repetition = spec.get("prefix_repetition") or {}
     workloads = spec.get("workloads") or {}
     model = spec.get("model", "tiny-llama")
@@ -154,6 +158,7 @@ def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> li
                 model=model,
                 engine=tuple(sorted(engine.items())),
                 prefix_repetition=tuple(sorted(repetition.items())),
+                repeats=repeats,
             )
         )
     return jobs

@@ -23,7 +23,9 @@ def _caption(paths: Iterable[str | Path]) -> str:
         doc = json.loads(Path(path).read_text())
         engine = (doc.get("provenance") or {}).get("engine") or {}
         parts.append(
-            f"{doc['dataset']['label']}: {doc.get('num_prompts', '?')} requests per rate, "
+            f"{doc['dataset']['label']}: {doc.get('num_prompts', '?')} requests per run, "
+            f"{doc.get('repeats', 1)} runs per rate (percentiles over all; throughput: median, "
+            "bars min-max), "
             f"vLLM {engine.get('version', '?')} served on this CPU "
             f"({engine.get('threads', '?')} thread(s), {engine.get('num_blocks') or 'auto'} KV "
             f"blocks, {engine.get('max_num_seqs', '?')} slots)"
@@ -85,8 +87,21 @@ def draw_online(paths: Iterable[str | Path], out: str | Path) -> None:
                              color=line.get_color(), label=f"{scheduler} p50")  # fmt: skip
             row_axes[1].plot(mine.x, mine.p99_tpot_ms, marker="o", color=line.get_color(),
                              label=scheduler)  # fmt: skip
-            row_axes[2].plot(mine.x, mine.request_throughput, marker="o",
-                             color=line.get_color(), label=scheduler)  # fmt: skip
+            spread = [
+                mine.request_throughput
+                - mine.get("request_throughput_min", mine.request_throughput),
+                mine.get("request_throughput_max", mine.request_throughput)
+                - mine.request_throughput,
+            ]
+            row_axes[2].errorbar(
+                mine.x,
+                mine.request_throughput,
+                yerr=spread,
+                marker="o",
+                capsize=2,
+                color=line.get_color(),
+                label=scheduler,
+            )
         capacity = float(part.capacity_rps.iloc[0])
         offered = [f * capacity for f in fractions]
         row_axes[2].plot(fractions, offered, ls=":", color="grey", label="offered rate")

@@ -9,8 +9,9 @@ fraction of it for every scheduler, so "below saturation" means the same load fo
 
 Datasets: a workload of ours (its prompts, in its order, as text in vLLM's `custom` JSONL
 format: the server tokenizes them as it would any client's) or vLLM's own
-`prefix_repetition` dataset (which vLLM builds and shuffles itself). After each rate the
-scheduler's state file must show nothing held: a run that leaks fails the job.
+`prefix_repetition` dataset (which vLLM builds and shuffles itself). Every run starts from
+an empty prefix cache (vLLM's /reset_prefix_cache); after each, the scheduler's state file
+must show nothing held: a run that leaks fails the job.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from feather.atomic import write_text_atomic
 from feather.engines.vllm.serve import ServeSetup, VllmServer
@@ -120,10 +123,12 @@ class OnlineSweep:
     max_num_batched_tokens: int | None = None
     threads: int = 1
     seed: int = 0
+    repeats: int = 3
     model_root: str = "data/models"
-    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         labels = [label for label, _, _ in self.schedulers]
         if "fcfs" not in labels:
             raise ValueError("the online sweep measures capacity under fcfs: include fcfs")
@@ -203,10 +208,44 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def pooled(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One rate's repeats together: latency percentiles over every successful request of
+    every repeat (24 requests give a p99 that is one request's; pooled over repeats it is
+    steadier), throughput as the median over repeats with its range. Per request as vLLM's
+    client computes them: TPOT = (latency - TTFT) / (output tokens - 1)."""
+    ttft, tpot, itl, e2el = [], [], [], []
+    for raw in raws:
+        for k, error in enumerate(raw.get("errors") or []):
+            if error:
+                continue
+            first, latency = raw["ttfts"][k], raw["latencies"][k]
+            ttft.append(first * 1000)
+            e2el.append(latency * 1000)
+            itl.extend(1000 * gap for gap in raw["itls"][k])
+            if raw["output_lens"][k] > 1:
+                tpot.append(1000 * (latency - first) / (raw["output_lens"][k] - 1))
+    row: dict[str, Any] = {}
+    for metric, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
+        row[f"mean_{metric}_ms"] = float(np.mean(values)) if values else None
+        for q in PERCENTILES:
+            row[f"p{q}_{metric}_ms"] = float(np.percentile(values, q)) if values else None
+    for key in ("request_throughput", "output_throughput"):
+        values = [raw[key] for raw in raws]
+        row[key] = float(np.median(values))
+        row[f"{key}_min"], row[f"{key}_max"] = float(min(values)), float(max(values))
+    row["completed"] = int(sum(raw["completed"] for raw in raws))
+    row["errors"] = int(sum(1 for raw in raws for e in raw.get("errors") or [] if e))
+    row["repeats"] = len(raws)
+    row["duration"] = float(sum(raw["duration"] for raw in raws))
+    return row
+
+
 def run_online_sweep(
     sweep: OnlineSweep, out_dir: str | Path, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Every scheduler at saturation and at each fraction of FCFS's capacity: the rows."""
+    """Every scheduler at saturation and at each fraction of FCFS's capacity, `repeats`
+    times with arrival seeds seed, seed+1, ... (interleaved over the rates): a row per
+    scheduler x rate (`pooled`), each repeat's own numbers under `repeats_detail`."""
     say = progress or (lambda message: None)
     out = Path(out_dir)
     work = out / "work"
@@ -229,55 +268,52 @@ def run_online_sweep(
             max_model_len=max_model_len,
             threads=sweep.threads,
             model_root=sweep.model_root,
+            dev_endpoints=True,  # /reset_prefix_cache before every run
         )
         say(f"{label}: starting vllm serve")
         with VllmServer(setup, work / label) as server:
             say(f"{label}: healthy after {server.startup_s:.0f} s on {server.url}")
             servers[label] = {
                 "startup_s": server.startup_s,
-                "command": setup.command(server.model_dir, server.port, server.state_file),
+                "command": ["vllm", *setup.command(server.model_dir, server.port, None)],
             }
-            rates = [math.inf]
-            if capacity is not None:
-                rates = [f * capacity for f in sweep.load_fractions] + rates
-            for rate in rates if label != "fcfs" else [math.inf]:
-                rows.append(
-                    _one_rate(
-                        server,
-                        label,
-                        rate,
-                        capacity,
-                        dataset_args,
-                        num_prompts,
-                        sweep.seed,
-                        work,
-                        say,
-                    )
-                )
-            if label == "fcfs":
-                capacity = rows[-1]["request_throughput"]
-                if not capacity or capacity <= 0:
+            runs: dict[float, list[dict[str, Any]]] = {}
+
+            def measure(rate: float, repeat: int, server=server, label=label, runs=runs) -> None:
+                runs.setdefault(rate, []).append(
+                    _one_rate(server, label, rate, repeat, dataset_args, num_prompts,
+                              sweep.seed + repeat, work, say)
+                )  # fmt: skip
+
+            if capacity is None:  # fcfs: its saturated throughput is the capacity
+                for repeat in range(sweep.repeats):
+                    measure(math.inf, repeat)
+                capacity = float(np.median([r["request_throughput"] for r in runs[math.inf]]))
+                if capacity <= 0:
                     raise RuntimeError("fcfs completed nothing at saturation: no capacity")
-                say(f"capacity (fcfs, saturated): {capacity:.3f} requests/s")
-                for fraction in sweep.load_fractions:
-                    rows.append(
-                        _one_rate(
-                            server,
-                            label,
-                            fraction * capacity,
-                            capacity,
-                            dataset_args,
-                            num_prompts,
-                            sweep.seed,
-                            work,
-                            say,
-                        )
-                    )
+                say(f"capacity (fcfs, saturated, median of {sweep.repeats}): {capacity:.3f}/s")
+                rates = [f * capacity for f in sweep.load_fractions]
+            else:
+                rates = [f * capacity for f in sweep.load_fractions] + [math.inf]
+            for repeat in range(sweep.repeats):
+                for rate in rates:
+                    measure(rate, repeat)
+            for rate, raws in runs.items():
+                saturated = math.isinf(rate)
+                rows.append({
+                    "scheduler": label,
+                    "rate_rps": None if saturated else rate,
+                    "load_fraction": None if saturated else rate / capacity,
+                    "saturated": saturated,
+                    **pooled(raws),
+                    "repeats_detail": [summarise(raw) for raw in raws],
+                })  # fmt: skip
     return {
         "capacity_rps": capacity,
         "rows": rows,
         "servers": servers,
         "num_prompts": num_prompts,
+        "repeats": sweep.repeats,
         "max_model_len": max_model_len,
     }
 
@@ -286,16 +322,18 @@ def _one_rate(
     server: VllmServer,
     label: str,
     rate: float,
-    capacity: float | None,
+    repeat: int,
     dataset_args: Sequence[str],
     num_prompts: int,
     seed: int,
     work: Path,
     say: Callable[[str], None],
 ) -> dict[str, Any]:
+    """One rate, one repeat: vLLM's raw result; the scheduler must then hold nothing."""
     name = "inf" if math.isinf(rate) else f"{rate:.4f}"
+    server.reset_prefix_cache()  # every run starts from the same empty cache
     started = time.perf_counter()
-    result = work / label / f"rate_{name}.json"
+    result = work / label / f"rate_{name}__r{repeat}.json"
     raw = bench_serve(
         bench_serve_args(server, dataset_args, num_prompts, rate, seed, result), result
     )
@@ -306,16 +344,10 @@ def _one_rate(
     )
     if leaked or state.get("freed_twice"):
         raise RuntimeError(f"{label} at rate {name}: the scheduler still holds {state}")
-    row = {
-        "scheduler": label,
-        "rate_rps": None if math.isinf(rate) else rate,
-        "load_fraction": None if math.isinf(rate) or not capacity else rate / capacity,
-        "saturated": math.isinf(rate),
-        **summarise(raw),
-        "scheduler_state_after": state,
-    }
+    raw["scheduler_state_after"] = state
     say(
-        f"{label} rate {name}: {row['completed']} done, {row['request_throughput']:.3f} req/s, "
-        f"TTFT p99 {row['p99_ttft_ms']:.0f} ms ({time.perf_counter() - started:.0f} s)"
+        f"{label} rate {name} repeat {repeat}: {raw['completed']} done, "
+        f"{raw['request_throughput']:.3f} req/s, TTFT p99 {raw['p99_ttft_ms']:.0f} ms "
+        f"({time.perf_counter() - started:.0f} s)"
     )
-    return row
+    return raw

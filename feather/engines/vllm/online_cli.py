@@ -22,9 +22,12 @@ CSV_FIELDS = [
     "saturated",
     "load_fraction",
     "rate_rps",
+    "repeats",
     "completed",
     "errors",
     "request_throughput",
+    "request_throughput_min",
+    "request_throughput_max",
     "output_throughput",
     "p50_ttft_ms",
     "p99_ttft_ms",
@@ -80,6 +83,12 @@ def register(commands: Any) -> None:
     online.add_argument("--num-blocks", type=positive_int)
     online.add_argument("--threads", type=positive_int, default=1)
     online.add_argument("--seed", type=seed, default=0)
+    online.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=3,
+        help="runs per rate, arrival seeds seed, seed+1, ... (pooled)",
+    )
     online.add_argument("--model-root", default="data/models")
     online.add_argument("--out", required=True, help="folder for online.json / online.csv")
     online.add_argument("--quiet", action="store_true")
@@ -132,6 +141,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         threads=args.threads,
         seed=args.seed,
+        repeats=args.repeats,
         model_root=args.model_root,
     )
 

@@ -84,6 +84,9 @@ class ServeSetup:
     threads: int = 1
     model_root: str = "data/models"
     extra_args: tuple[str, ...] = ()
+    # vLLM's development endpoints (VLLM_SERVER_DEV_MODE=1), for /reset_prefix_cache:
+    # runs that follow each other on one server then start from the same empty cache
+    dev_endpoints: bool = False
 
     def feather_config(self, state_file: Path | None) -> dict[str, Any]:
         settings: dict[str, Any] = {
@@ -119,6 +122,8 @@ class ServeSetup:
                 "TOKENIZERS_PARALLELISM": "false",
             }
         )
+        if self.dev_endpoints:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         return env
 
 
@@ -193,6 +198,13 @@ class VllmServer:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def reset_prefix_cache(self) -> None:
+        """Empty the engine's prefix cache (vLLM's dev endpoint; the engine must be idle)."""
+        request = urllib.request.Request(f"{self.url}/reset_prefix_cache", method="POST")
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            if answer.status != 200:
+                raise ServerFailed(f"/reset_prefix_cache answered {answer.status}")
 
     def state(self) -> dict[str, Any]:
         """The scheduler's state file (`FeatherScheduler.held()`), as it was last written."""
