@@ -61,6 +61,7 @@ class OnlineJob:
                 ),
             ]
             args += ["--num-prompts", str(sizes["num_prompts"])]
+        args += ["--name", self.dataset]
         args += ["--load-fractions", ",".join(f"{f:g}" for f in self.load_fractions)]
         args += ["--model", self.model, "--seed", str(self.seed), "--repeats", str(self.repeats)]
         for key, value in self.engine:

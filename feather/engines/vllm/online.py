@@ -46,6 +46,7 @@ class OnlineDataset:
     num_prefixes: int = 4
     output_len: int = 16
     num_prompts: int = 32
+    name: str | None = None  # what tables and figures call it (default: from the source)
 
     def __post_init__(self) -> None:
         if self.kind not in ("workload", "prefix-repetition"):
@@ -58,6 +59,8 @@ class OnlineDataset:
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         if self.kind == "workload":
             return Path(str(self.workload)).stem
         return (

@@ -77,6 +77,7 @@ def register(commands: Any) -> None:
         help="prefix-repetition: requests per rate (workload: all of it)",
     )
     online.add_argument("--load-fractions", type=_fractions, default=(0.3, 0.6, 0.9))
+    online.add_argument("--name", help="the dataset's name in tables and figures")
     online.add_argument("--model", default="tiny-llama")
     online.add_argument("--max-num-seqs", type=positive_int, default=8)
     online.add_argument("--max-num-batched-tokens", type=positive_int)
@@ -99,7 +100,7 @@ def _dataset(args: argparse.Namespace):
     from feather.engines.vllm.online import OnlineDataset
 
     if args.workload:
-        return OnlineDataset(kind="workload", workload=args.workload)
+        return OnlineDataset(kind="workload", workload=args.workload, name=args.name)
     try:
         prefixes, prefix, suffix, output = (int(v) for v in args.prefix_repetition.split(","))
     except ValueError:
@@ -114,6 +115,7 @@ def _dataset(args: argparse.Namespace):
         suffix_len=suffix,
         output_len=output,
         num_prompts=args.num_prompts or 8 * prefixes,
+        name=args.name,
     )
 
 
