@@ -144,8 +144,15 @@ def online_verdict(paths: Iterable[str | Path]) -> tuple[str, str, str]:
         if len(sat) and len(sat_base):
             throughput = sat.request_throughput.iloc[0] / sat_base.request_throughput.iloc[0]
             ttft = sat.p99_ttft_ms.iloc[0] / sat_base.p99_ttft_ms.iloc[0]
+            hits = ""
+            if "prefix_cache_hit_rate" in part and pd.notna(sat.prefix_cache_hit_rate.iloc[0]):
+                hits = (
+                    f", prefix-cache hit rate {sat.prefix_cache_hit_rate.iloc[0]:.2f} vs "
+                    f"FCFS's {sat_base.prefix_cache_hit_rate.iloc[0]:.2f}"
+                )
             saturated.append(
-                f"{scheduler} {dataset}: {throughput:.2f}x FCFS's throughput, TTFT p99 {ttft:.2f}x"
+                f"{scheduler} {dataset}: {throughput:.2f}x FCFS's throughput, "
+                f"TTFT p99 {ttft:.2f}x{hits}"
             )
     if not worst:
         return "no Feather policy with FCFS below saturation", "not testable here", "n/a"

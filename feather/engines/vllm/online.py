@@ -211,6 +211,25 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+# vLLM's /metrics counters a run's mechanism is read from (the _total suffix as Prometheus
+# exposes counters)
+COUNTERS = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+}
+
+
+def engine_counters(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine counted during one run: prefix-cache queries and hits (tokens),
+    preemptions and prompt tokens, and the hit rate."""
+    delta = {key: after.get(name, 0.0) - before.get(name, 0.0) for key, name in COUNTERS.items()}
+    queries = delta["prefix_cache_queries"]
+    delta["prefix_cache_hit_rate"] = delta["prefix_cache_hits"] / queries if queries else None
+    return delta
+
+
 def pooled(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One rate's repeats together: latency percentiles over every successful request of
     every repeat (24 requests give a p99 that is one request's; pooled over repeats it is
@@ -236,6 +255,11 @@ def pooled(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
         values = [raw[key] for raw in raws]
         row[key] = float(np.median(values))
         row[f"{key}_min"], row[f"{key}_max"] = float(min(values)), float(max(values))
+    counters = [raw.get("engine_counters") or {} for raw in raws]
+    queries = sum(c.get("prefix_cache_queries", 0.0) for c in counters)
+    hits = sum(c.get("prefix_cache_hits", 0.0) for c in counters)
+    row["prefix_cache_hit_rate"] = hits / queries if queries else None
+    row["preemptions"] = sum(c.get("preemptions", 0.0) for c in counters)
     row["completed"] = int(sum(raw["completed"] for raw in raws))
     row["errors"] = int(sum(1 for raw in raws for e in raw.get("errors") or [] if e))
     row["repeats"] = len(raws)
@@ -335,6 +359,7 @@ def _one_rate(
     """One rate, one repeat: vLLM's raw result; the scheduler must then hold nothing."""
     name = "inf" if math.isinf(rate) else f"{rate:.4f}"
     server.reset_prefix_cache()  # every run starts from the same empty cache
+    before = server.metrics()
     started = time.perf_counter()
     result = work / label / f"rate_{name}__r{repeat}.json"
     raw = bench_serve(
@@ -348,6 +373,7 @@ def _one_rate(
     if leaked or state.get("freed_twice"):
         raise RuntimeError(f"{label} at rate {name}: the scheduler still holds {state}")
     raw["scheduler_state_after"] = state
+    raw["engine_counters"] = engine_counters(before, server.metrics())
     say(
         f"{label} rate {name} repeat {repeat}: {raw['completed']} done, "
         f"{raw['request_throughput']:.3f} req/s, TTFT p99 {raw['p99_ttft_ms']:.0f} ms "

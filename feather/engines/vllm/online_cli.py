@@ -36,6 +36,8 @@ CSV_FIELDS = [
     "p99_itl_ms",
     "p50_e2el_ms",
     "p99_e2el_ms",
+    "prefix_cache_hit_rate",
+    "preemptions",
     "duration",
 ]
 

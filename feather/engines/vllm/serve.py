@@ -199,6 +199,22 @@ class VllmServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def metrics(self) -> dict[str, float]:
+        """vLLM's Prometheus counters and gauges (/metrics), each summed over its labels."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=30) as answer:
+            text = answer.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name_part, _, value = line.rpartition(" ")
+            name = name_part.split("{", 1)[0]
+            try:
+                values[name] = values.get(name, 0.0) + float(value)
+            except ValueError:
+                continue
+        return values
+
     def reset_prefix_cache(self) -> None:
         """Empty the engine's prefix cache (vLLM's dev endpoint; the engine must be idle)."""
         request = urllib.request.Request(f"{self.url}/reset_prefix_cache", method="POST")
