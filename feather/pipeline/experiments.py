@@ -249,7 +249,7 @@ def load_experiment(path: str | Path) -> Experiment:
                     f"{path}: run template {i} names workload {name!r}, "
                     f"not one of {list(data['workloads'])}"
                 )
-    from feather.pipeline.checks import duplicate_entry
+    from feather.pipeline.distinct import duplicate_entry
 
     duplicate = duplicate_entry({"runs": data["runs"]}, str(path), strings_only=True)
     if duplicate is not None:  # a scheduler or workload named twice in one template

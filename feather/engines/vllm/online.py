@@ -260,6 +260,8 @@ def pooled(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
     hits = sum(c.get("prefix_cache_hits", 0.0) for c in counters)
     row["prefix_cache_hit_rate"] = hits / queries if queries else None
     row["preemptions"] = sum(c.get("preemptions", 0.0) for c in counters)
+    for key in ("steps", "add", "stop", "policy_stops"):
+        row[f"policy_{key}"] = sum((raw.get("policy_decisions") or {}).get(key, 0) for raw in raws)
     row["completed"] = int(sum(raw["completed"] for raw in raws))
     row["errors"] = int(sum(1 for raw in raws for e in raw.get("errors") or [] if e))
     row["repeats"] = len(raws)
@@ -359,7 +361,7 @@ def _one_rate(
     """One rate, one repeat: vLLM's raw result; the scheduler must then hold nothing."""
     name = "inf" if math.isinf(rate) else f"{rate:.4f}"
     server.reset_prefix_cache()  # every run starts from the same empty cache
-    before = server.metrics()
+    before, decided_before = server.metrics(), server.state().get("decisions") or {}
     started = time.perf_counter()
     result = work / label / f"rate_{name}__r{repeat}.json"
     raw = bench_serve(
@@ -374,6 +376,10 @@ def _one_rate(
         raise RuntimeError(f"{label} at rate {name}: the scheduler still holds {state}")
     raw["scheduler_state_after"] = state
     raw["engine_counters"] = engine_counters(before, server.metrics())
+    raw["policy_decisions"] = {
+        key: value - decided_before.get(key, 0)
+        for key, value in (state.get("decisions") or {}).items()
+    }
     say(
         f"{label} rate {name} repeat {repeat}: {raw['completed']} done, "
         f"{raw['request_throughput']:.3f} req/s, TTFT p99 {raw['p99_ttft_ms']:.0f} ms "

@@ -38,6 +38,10 @@ CSV_FIELDS = [
     "p99_e2el_ms",
     "prefix_cache_hit_rate",
     "preemptions",
+    "policy_steps",
+    "policy_add",
+    "policy_stop",
+    "policy_policy_stops",
     "duration",
 ]
 

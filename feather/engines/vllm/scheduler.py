@@ -37,7 +37,7 @@ from vllm.v1.request import Request
 from feather.atomic import write_text_atomic
 from feather.engines.vllm.queue import PolicyWaitingQueue
 from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_vllm_policy
-from feather.policies.base import Action
+from feather.policies.base import Action, StopReason
 
 NATIVE_FCFS = "fcfs"  # vLLM's own queue: the baseline, untouched
 
@@ -153,6 +153,9 @@ class _FeatherSchedulingMixin:
         self._records = settings.records
         self.requests_added = 0  # since the engine started, over every policy
         self.requests_freed = 0
+        # the policy's decisions since the engine started (kept with records off too): what
+        # a served run's mechanism is read from - how often it held requests back
+        self.decisions = {"steps": 0, "admitted": 0, "add": 0, "stop": 0, "policy_stops": 0}
         self.requests_freed_twice = 0  # frees of a request the engine no longer held
         self.use_policy(settings.scheduler, settings.params, settings.seed, settings.groups)
         self._write_state()
@@ -302,6 +305,7 @@ class _FeatherSchedulingMixin:
             "freed": self.requests_freed,
             "freed_twice": self.requests_freed_twice,
             "records": {"steps": len(self.step_rows), "requests": len(self.request_times)},
+            "decisions": dict(self.decisions),
             "policy": self.policy.footprint() if self.policy is not None else None,
         }
 
@@ -344,6 +348,12 @@ class _FeatherSchedulingMixin:
         hits = sum(r.num_computed_tokens - scheduled.get(r.request_id, 0) for r in admitted)
         record = self.policy.last_step if self.policy is not None and took_part else None
         decisions = record.decisions if record is not None else []
+        counts = self.decisions
+        counts["steps"] += 1
+        counts["admitted"] += len(admitted)
+        counts["add"] += sum(d.action is Action.ADD for d in decisions)
+        counts["stop"] += sum(d.action is Action.STOP for d in decisions)
+        counts["policy_stops"] += bool(record and record.stop_reason == StopReason.POLICY)
         group_of = self._group_of if self._groups is not None else None
         row = StepRow(
             step=len(self.step_rows),
