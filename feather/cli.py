@@ -185,6 +185,27 @@ def _cmd_bench_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_cpu_attn(args: argparse.Namespace) -> int:
+    from feather.atomic import write_json_atomic
+    from feather.bench import cpu_attn
+
+    doc = cpu_attn.run(
+        args.sweep,
+        threads=args.threads,
+        dtype=args.dtype,
+        seed=args.seed,
+        progress=None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    if args.out:
+        write_json_atomic(args.out, doc)
+    for entry in doc["summary"]["distinct_over_homogeneous"]:
+        print(
+            f"{entry['model']:>14} batch {entry['batch']:>3} prefix {entry['prefix_tokens']:>6}: "
+            f"all distinct {entry['distinct_over_homogeneous']:.2f}x the homogeneous time"
+        )
+    return 0
+
+
 def _cmd_bench_kernels(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -624,6 +645,16 @@ def build_parser() -> argparse.ArgumentParser:
     bstop.add_argument("--json", action="store_true")
     bstop.add_argument("--quiet", action="store_true")
     bstop.set_defaults(func=_cmd_bench_stop)
+    bcpu = benches.add_parser(
+        "cpu-attn", help="vLLM's CPU_ATTN kernel: homogeneous vs mixed decode batches (C1)"
+    )
+    bcpu.add_argument("--sweep", choices=["quick", "default", "full"], default="default")
+    bcpu.add_argument("--threads", type=positive_int, default=1, help="CPU threads (default 1)")
+    bcpu.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    bcpu.add_argument("--seed", type=seed, default=0)
+    bcpu.add_argument("--out", help="write the JSON document here (atomically)")
+    bcpu.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    bcpu.set_defaults(func=_cmd_bench_cpu_attn)
     bkern = benches.add_parser(
         "kernels", help="decode attention: paged vs cascade vs pat, timed (C1, C2, C7)"
     )

@@ -147,7 +147,26 @@ def host_facts() -> dict[str, Any]:
         "cpu_model": cpu_model,
         "cpu_count": os.cpu_count(),
         "memory_bytes": memory_bytes,
+        "cpu_caches": cpu_caches(),
     }
+
+
+def cpu_caches(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> list[dict[str, Any]]:
+    """CPU 0's caches as Linux reports them (level, type, size of one instance, CPUs sharing
+    it): a CPU kernel's homogeneity effect is cache locality, so its size depends on them."""
+    caches = []
+    for index in sorted(sysfs.glob("index*")):
+        try:
+            fields = {f: (index / f).read_text().strip() for f in ("level", "type", "size")}
+            shared = (index / "shared_cpu_list").read_text().strip()
+        except OSError:
+            continue
+        size = fields["size"]
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        size_bytes = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
+        caches.append({"level": int(fields["level"]), "type": fields["type"],
+                       "size_bytes": size_bytes, "shared_cpu_list": shared})
+    return caches
 
 
 def behaviour_environment(environ: dict[str, str] | None = None) -> dict[str, Any]:

@@ -116,6 +116,15 @@ def _kernel_real(sources: Sources, claim: str, describe: Callable[[dict], str | 
     return " / ".join(out) or "no kernel measurement in this run"
 
 
+def _c1_kernel_entry(e: dict[str, Any]) -> str | None:
+    """One kernel's C1 ratio; vLLM's CPU_ATTN entries name their model shape and prefix."""
+    if e["kernel"] != "paged":
+        return None
+    shape = (f" {e['model']} {e['groups']}x{e['per_group']}, {e['prefix_tokens']:,}-token "
+             "prefixes" if "model" in e else "")
+    return f"{e['kernel']}/{e['implementation']}{shape} {_x(e['homog_throughput_over_mixed_big'])}"
+
+
 def c1(sources: Sources) -> Verdict:
     paper = "8 homogeneous batches of 100 decode ~2x faster than larger mixed batches"
     data = _sim(sources.table, "c1")
@@ -131,9 +140,7 @@ def c1(sources: Sources) -> Verdict:
     plausible = [v for hw, v in ratios.items() if hw in PAPER_GPUS]
     verdict = _grade(max(plausible) if plausible else None, 1.5, 1.05)
     simulated = ", ".join(f"{hw} {_x(v)}" for hw, v in sorted(ratios.items())) or "no c1 runs"
-    real = _kernel_real(sources, "c1", lambda e: (
-        f"{e['kernel']}/{e['implementation']} {_x(e['homog_throughput_over_mixed_big'])}"
-        if e["kernel"] == "paged" else None))
+    real = _kernel_real(sources, "c1", _c1_kernel_entry)
     mechanism = "; ".join(
         f"{hw}: simulated L2 hit rate {h:.2f} homogeneous vs {m:.2f} mixed" for hw, (h, m) in
         sorted(hits.items())) or "n/a"

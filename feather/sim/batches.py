@@ -84,6 +84,23 @@ class FixedBatchesPolicy(AdmissionPolicy):
                 self._order[rid] = position
         self._left = [len(batch) for batch in batches]
 
+    def alias(self, plan_id: RequestId, engine_id: RequestId) -> None:
+        """The request planned as `plan_id` reaches the policy as `engine_id` (an engine that
+        names requests itself: vLLM). Call before it arrives."""
+        if self._batches is None:
+            raise ValueError("the batches policy needs its plan: call bind_workload() first")
+        if plan_id not in self._batch_of:
+            raise ValueError(f"request {plan_id!r} is in no batch of the plan")
+        if engine_id == plan_id:
+            return
+        if engine_id in self._batch_of:
+            raise ValueError(f"engine id {engine_id!r} already names a request of the plan")
+        b = self._batch_of.pop(plan_id)
+        self._batch_of[engine_id] = b
+        self._order[engine_id] = self._order.pop(plan_id)
+        batch = self._batches[b]
+        batch[batch.index(plan_id)] = engine_id
+
     def _on_arrival(self, request: Request) -> None:
         if self._batches is None:
             raise ValueError("the batches policy needs its plan: call bind_workload() first")

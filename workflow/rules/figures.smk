@@ -54,7 +54,7 @@ rule verdicts:
     input:
         table="results/summary.parquet",
         overhead=overhead_targets()[:1],  # the overhead report (and its tables), where on
-        kernels=kernel_results() if KERNEL_SWEEP != "off" else [],
+        kernels=(kernel_results() + cpu_attn_results()) if KERNEL_SWEEP != "off" else [],
         fidelity=fidelity_targets()[:1],  # results/fidelity/fidelity.csv, where it runs
         online=[f"{job.out_dir}/online.json" for job in ONLINE_JOBS],
     output:

