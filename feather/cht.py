@@ -177,6 +177,11 @@ class ChunkedHashTree:
         self._stamps = 0
         self._next_seq = 0
         self._hash_source: str | None = None
+        # requests per first chunk, and how many first chunks two or more requests hold: two
+        # requests share some chunk iff they share the first (hashes are cumulative)
+        self._first_chunk: dict[RequestId, Hashable] = {}
+        self._per_first_chunk: dict[Hashable, int] = {}
+        self._shared_first_chunks = 0
 
     # ---- registering requests ------------------------------------------------------------
     def add_waiting(
@@ -210,6 +215,12 @@ class ChunkedHashTree:
                 raise TypeError(f"chunk_hashes of {req_id!r} must be a sequence of hashes")
             hashes = list(chunk_hashes)
         self._hash_source = source
+        if hashes:
+            first = hashes[0]
+            self._first_chunk[req_id] = first
+            count = self._per_first_chunk.get(first, 0) + 1
+            self._per_first_chunk[first] = count
+            self._shared_first_chunks += count == 2
         node = self._insert_path(hashes)
         req = _Request(req_id, self._next_seq, len(hashes), node)
         self._next_seq += 1
@@ -260,6 +271,12 @@ class ChunkedHashTree:
                 x = x.parent
             self._refresh_up(req.node)
         del self._requests[req_id]
+        first = self._first_chunk.pop(req_id, None)
+        if first is not None:
+            count = self._per_first_chunk.pop(first) - 1
+            if count:
+                self._per_first_chunk[first] = count
+            self._shared_first_chunks -= count == 1
         node = req.node
         del node.ends[req_id]
         self._prune(node)
@@ -357,6 +374,11 @@ class ChunkedHashTree:
 
     def __len__(self) -> int:
         return len(self._requests)
+
+    def any_shared(self) -> bool:
+        """Whether any two requests in the tree (waiting or active) share a chunk, in O(1):
+        where none do, no decision can keep or lose a shared prefix (claim C6)."""
+        return self._shared_first_chunks > 0
 
     def footprint(self) -> dict[str, int]:
         """What the tree holds (requests, trie nodes below the root, heap entries live or

@@ -175,6 +175,15 @@ class CHTMachine(RuleBasedStateMachine):
         self.ref.active.discard(rid)
 
     @invariant()
+    def any_shared_matches_a_scan(self) -> None:
+        """Whether some two requests (waiting or active) share a chunk, by brute force."""
+        chunks = list(self.ref.chunks.values())
+        expected = any(
+            set(a) & set(b) for i, a in enumerate(chunks) for b in chunks[i + 1 :]
+        )
+        assert self.tree.any_shared() == expected
+
+    @invariant()
     def tree_stays_compressed_and_counted(self) -> None:
         """No dead node, no run that stopped branching, subtree counters exact."""
 

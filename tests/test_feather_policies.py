@@ -22,7 +22,7 @@ from feather.policies import (
 from feather.policies.feather import DecisionState, _Window
 from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
 
-FEATHER = ("feather-static", "feather-ucb", "feather-qlearn")
+FEATHER = ("feather-static", "feather-reference", "feather-ucb", "feather-qlearn")
 
 
 def make(name: str, **params):
@@ -125,8 +125,43 @@ def test_without_sharing_every_feather_policy_admits_exactly_as_fcfs(
     expected = [s.admitted for s in engine(make("fcfs"))]
     for name in FEATHER:
         extra = {"epsilon_start": 1.0, "epsilon_min": 1.0} if name == "feather-qlearn" else {}
-        policy = make(name, **extra)
-        assert [s.admitted for s in engine(policy)] == expected, name
+        for consult in ("kernel", "every", "always"):  # the paper's reading keeps C6 too
+            policy = make(name, **extra, consult=consult)
+            assert [s.admitted for s in engine(policy)] == expected, (name, consult)
+
+
+def test_reference_rule_keeps_one_prefix_per_batch_where_fcfs_mixes_four() -> None:
+    """The branch's rule on 4 interleaved groups of 12 with 400-token prefixes and 32 slots:
+    a group's members cut at most a few tokens of its prefix (ADD, the floor grows to 10);
+    the first request of another group would cut 400 (> 5 chunks of 50), and the batch of 12
+    is past the floor: STOP. Every batch holds one prefix; FCFS's hold all four."""
+    reqs = grouped_requests(4, 12, prefix=400, suffix=8, output_len=lambda i: 5)
+    fcfs = run(make("fcfs"), reqs, max_running=32)
+    reference = make("feather-reference")
+    decisions = []
+    logs = run(reference, reqs, max_running=32,
+               on_step=lambda p: decisions.extend(p.last_step.decisions))
+    assert max(len(s.groups) for s in fcfs) == 4
+    assert max(len(s.groups) for s in logs if s.running) == 1
+    assert logs[0].admitted == [i for i in range(48) if i % 4 == 0]
+    assert reference.floor == 10
+    stops = [d for d in decisions if d.action is Action.STOP]
+    assert stops and all(not d.forced and d.batch_size == 12 for d in stops)
+    # the kernel-gated variant on the same engine is never consulted: FCFS-like fill
+    gated = run(make("feather-reference", consult="kernel"), reqs, max_running=32)
+    assert max(len(s.groups) for s in gated) > 1
+
+
+@pytest.mark.parametrize("running, expected", [(9, Action.ADD), (10, Action.STOP)])
+def test_reference_rule_floor_and_busy_threshold(running, expected) -> None:
+    policy = make("feather-reference")
+    policy.floor = 10
+    state = DecisionState(running, delta_tokens=300, w=0, max_running=64, waiting=3)
+    assert policy._decide(state) is expected  # 300 > 5 x 50: only the floor admits it
+    busy = DecisionState(running, delta_tokens=300, w=0, max_running=64, waiting=10)
+    assert policy._decide(busy) is Action.ADD  # 10 waiting: up to 7 chunks may go
+    with pytest.raises(ValueError, match="floor_cap"):
+        make("feather-reference", floor_start=4, floor_cap=3)
 
 
 def test_a_request_sharing_less_than_min_share_tokens_does_not_pass_the_oldest() -> None:

@@ -11,7 +11,11 @@ tokens and a 64-token suffix of its own; the requests are split evenly over `gro
 groups (1: homogeneous; `batch`: all distinct). Requests of a group point at the same prefix
 blocks, as vLLM's prefix cache makes them. Before every launch a buffer twice the host's last
 cache is written, so a launch finds the KV cold, as a real step does after the weights have
-streamed through the caches. Medians of `repeats` launches after one warm-up.
+streamed through the caches. Each case runs on 3 freshly allocated KV pools (where a pool
+lands in memory moved a mixed batch's time by up to 2x here), `repeats` launches on each after
+a warm-up; the median of all launches is reported, with each pool's median beside it. The
+kernel's split-KV setting is vLLM's (VLLM_CPU_ATTN_SPLIT_KV, on by default): without it the
+mixed cases ran up to 3x slower than inside the engine.
 
 The effect is cache locality: a group's prefix is read from memory once and then from cache
 by the group's other requests, so it depends on the host's cache sizes (in provenance).
@@ -72,7 +76,7 @@ class Sweep:
 SWEEPS = {
     "quick": Sweep(("tiny-llama",), (4,), (256,), (1, 0), 2),
     "default": Sweep(("tiny-llama", "kv-llama", "llama-3.1-8b"), (8, 32), (1024, 4096),
-                     (1, 2, 4, 8, 0), 5),
+                     (1, 2, 4, 8, 0), 3),
     "full": Sweep(("tiny-llama", "kv-llama", "llama-3.1-8b"), (4, 8, 16, 32), (1024, 4096, 16384),
                   (1, 2, 4, 8, 16, 0), 7),
 }
@@ -109,6 +113,14 @@ def _last_cache_bytes() -> int:
     return max(sizes, default=32 * 2**20)
 
 
+def split_kv_setting() -> bool:
+    """Whether vLLM's CPU backend splits long sequences' KV across work items
+    (VLLM_CPU_ATTN_SPLIT_KV, on by default): the engine's setting, so the bench's."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_CPU_ATTN_SPLIT_KV)
+
+
 class _Timer:
     """Launches vLLM's kernel on one batch, cold, and returns the median seconds."""
 
@@ -117,10 +129,14 @@ class _Timer:
 
         self.torch = torch
         self.dtype = getattr(torch, dtype)
-        self.flush = torch.empty(2 * _last_cache_bytes() // 4, dtype=torch.float32)
+        self.flush = torch.ones(2 * _last_cache_bytes() // 4, dtype=torch.float32)
+        self.split_kv = split_kv_setting()
 
     def time(self, model: str, batch: int, prefix: int, groups: int, repeats: int,
-             seed: int) -> dict[str, Any]:
+             seed: int, pools: int = 3) -> dict[str, Any]:
+        """`repeats` launches (after a warm-up) on each of `pools` freshly allocated KV pools:
+        where the pool lands in memory moves a mixed batch's time by up to 2x on this host
+        (cache-set conflicts), so one allocation is not a measurement."""
         import vllm._custom_ops as ops
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
@@ -129,35 +145,41 @@ class _Timer:
         heads, kv_heads, head_dim = profile.q_heads, profile.kv_heads, profile.head_dim
         layout = batch_layout(batch, prefix, groups)
         generator = torch.Generator().manual_seed(seed)
-        # vLLM's layout: [blocks, kv_heads, block, 2 x head_dim], K and V halves of dim 2
-        kv = torch.randn(layout.num_blocks, kv_heads, BLOCK_SIZE, 2 * head_dim,
-                         generator=generator, dtype=torch.float32).to(self.dtype)
-        kv = kv.view(layout.num_blocks, kv_heads, 2 * BLOCK_SIZE, head_dim)
-        key_cache, value_cache = kv.chunk(2, dim=2)
         block_table = torch.tensor(layout.block_table, dtype=torch.int32)
         seq_lens = torch.full((batch,), prefix + SUFFIX_TOKENS, dtype=torch.int32)
         query_start = torch.arange(batch + 1, dtype=torch.int32)
         isa = _get_attn_isa(self.dtype, BLOCK_SIZE, head_dim)
         metadata = ops.cpu_attn_get_scheduler_metadata(
             batch, heads, kv_heads, head_dim, seq_lens, self.dtype, query_start, True, -1, isa,
-            False,
+            self.split_kv,
         )
-        times = []
-        for launch in range(repeats + 1):
-            query = torch.randn(batch, heads, head_dim, generator=generator).to(self.dtype)
-            out = torch.empty_like(query)
-            self.flush.fill_(float(launch))
-            started = time.perf_counter()
-            ops.cpu_attention_with_kv_cache(
-                query, key_cache, value_cache, out, query_start, seq_lens, head_dim**-0.5,
-                True, None, -1, block_table, 0.0, metadata, None,
-            )
-            elapsed = time.perf_counter() - started
-            if launch:  # the first is the warm-up
-                times.append(elapsed)
-            if not torch.isfinite(out).all():
-                raise RuntimeError(f"vLLM's CPU attention returned non-finite values ({model})")
-        kv_token_bytes = 2 * kv_heads * head_dim * kv.element_size()  # K and V, one layer
+        times, pool_medians = [], []
+        for _ in range(pools):
+            # vLLM's layout: [blocks, kv_heads, block, 2 x head_dim], K and V halves of dim 2
+            kv = torch.randn(layout.num_blocks, kv_heads, BLOCK_SIZE, 2 * head_dim,
+                             generator=generator, dtype=torch.float32).to(self.dtype)
+            kv = kv.view(layout.num_blocks, kv_heads, 2 * BLOCK_SIZE, head_dim)
+            key_cache, value_cache = kv.chunk(2, dim=2)
+            pool_times = []
+            for launch in range(repeats + 1):
+                query = torch.randn(batch, heads, head_dim, generator=generator).to(self.dtype)
+                out = torch.empty_like(query)
+                self.flush.sum()  # read, not write: dirty lines would be written back mid-launch
+                started = time.perf_counter()
+                ops.cpu_attention_with_kv_cache(
+                    query, key_cache, value_cache, out, query_start, seq_lens, head_dim**-0.5,
+                    True, None, -1, block_table, 0.0, metadata, None,
+                )
+                elapsed = time.perf_counter() - started
+                if launch:  # the first is the warm-up
+                    pool_times.append(elapsed)
+                if not torch.isfinite(out).all():
+                    raise RuntimeError(f"vLLM's CPU attention returned non-finite values ({model})")
+            times += pool_times
+            pool_medians.append(statistics.median(pool_times))
+            element = kv.element_size()
+            del kv, key_cache, value_cache
+        kv_token_bytes = 2 * kv_heads * head_dim * element  # K and V, one layer
         distinct_tokens = groups * prefix + batch * SUFFIX_TOKENS
         return {
             "model": model,
@@ -165,9 +187,11 @@ class _Timer:
             "prefix_tokens": prefix,
             "groups": groups,
             "isa": isa,
+            "split_kv": self.split_kv,
             "seconds": statistics.median(times),
             "seconds_min": min(times),
             "seconds_max": max(times),
+            "pool_medians_s": pool_medians,
             "kv_tokens_read": batch * (prefix + SUFFIX_TOKENS),
             "distinct_kv_tokens": distinct_tokens,
             "distinct_kv_bytes": distinct_tokens * kv_token_bytes,

@@ -146,6 +146,10 @@ def summary_row(path: Path) -> dict[str, Any]:
         "tpot_p99_s": summary["tpot_s"].get("p99"),
         "longest_wait_s": summary.get("longest_wait_s"),
         "mean_batch_size": summary.get("mean_batch_size"),
+        # a real engine's steps that prefill nothing (C1's measure: decode throughput)
+        "decode_only_tok_s": summary.get("decode_only_tok_s"),
+        "decode_only_step_s": summary.get("decode_only_step_s"),
+        "decode_only_attention_share": summary.get("decode_only_attention_share"),
         "mean_shared_prefix_tokens": summary.get("mean_shared_prefix_tokens"),
         "mean_distinct_groups": summary.get("mean_distinct_groups"),
         "l2_hit_rate": summary.get("l2_hit_rate"),

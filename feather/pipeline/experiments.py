@@ -147,7 +147,7 @@ class EngineBatch:
     hardware: str  # this machine's label: "cpu", or the attached GPU's
     model: str
     workload: str
-    workload_spec: str  # the built workload file
+    workload_spec: str  # the built workload file, or a synthetic spec (built in the job)
     schedulers: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...]  # label, class, params
     repeats: int
     options: tuple[tuple[str, Any], ...]
@@ -167,6 +167,10 @@ class EngineBatch:
             for k in range(self.repeats)
             for label, _, _ in self.schedulers
         ]
+
+    def workload_files(self) -> list[str]:
+        """The workload file the job reads (none for a synthetic spec, built in the job)."""
+        return [] if self.workload_spec.startswith("synthetic:") else [self.workload_spec]
 
     def inputs(self) -> list[str]:
         """Files the job reads besides the workload: policy tables named in params."""
@@ -586,9 +590,7 @@ def expand_engine_runs(
         if template.get("device", "any") not in ("any", device):
             continue  # an entry for the other kind of machine (e.g. the paper's scale on GPUs)
         spec = experiment.workloads[template["workload"]].replace("{seed}", "0")
-        path = workload_path(spec, template["model"])
-        if path is None:
-            raise ExperimentError(f"{experiment.path}: engine runs need a built workload file")
+        path = workload_path(spec, template["model"]) or spec  # a synthetic spec: inline
         if spec.partition(":")[0] not in available:
             experiment.skipped.append(f"{template['workload']} ({spec} data not available)")
             continue

@@ -125,6 +125,39 @@ def _c1_kernel_entry(e: dict[str, Any]) -> str | None:
     return f"{e['kernel']}/{e['implementation']}{shape} {_x(e['homog_throughput_over_mixed_big'])}"
 
 
+def c1_end_to_end(sources: Sources) -> str | None:
+    """C1 on a real engine: decode-only throughput per batch plan (median over repeats, with
+    the range), the homogeneous plan's ratio to each mixed one, and the share of those steps
+    spent in vLLM's CPU attention kernel (timed inside the engine)."""
+    table = sources.table
+    if "decode_only_tok_s" not in table:
+        return None
+    data = table[(table.experiment == "c1") & (table.engine != "sim")]
+    data = data[data.decode_only_tok_s.notna()]
+    if data.empty:
+        return None
+    p = _params(data)
+    parts = []
+    for (engine, model, workload), part in p.groupby(["engine", "model", "workload"]):
+        plans = {label: runs for label, runs in part.groupby("scheduler")}
+        homog = [k for k, runs in plans.items() if runs["plan"].iloc[0] == "homogeneous"]
+        if not homog:
+            continue
+        base = plans[homog[0]].decode_only_tok_s.median()
+        text = []
+        for label, runs in sorted(plans.items(), key=lambda kv: kv[1]["size"].iloc[0]):
+            tok_s = runs.decode_only_tok_s
+            ratio = "" if label == homog[0] else f", homogeneous {_x(base / tok_s.median())}"
+            share = runs.get("decode_only_attention_share")
+            share = None if share is None or share.isna().all() else share.median()
+            attention = "" if share is None else f"; attention {share:.0%} of the step"
+            text.append(f"{label} {tok_s.median():.0f} tok/s ({tok_s.min():.0f}-{tok_s.max():.0f}"
+                        f"{ratio}{attention})")
+        parts.append(f"real {engine} ({model}, {workload}, decode-only steps, "
+                     f"{part.repeat.nunique()} repeats): " + ", ".join(text))
+    return "; ".join(parts) or None
+
+
 def c1(sources: Sources) -> Verdict:
     paper = "8 homogeneous batches of 100 decode ~2x faster than larger mixed batches"
     data = _sim(sources.table, "c1")
@@ -141,6 +174,9 @@ def c1(sources: Sources) -> Verdict:
     verdict = _grade(max(plausible) if plausible else None, 1.5, 1.05)
     simulated = ", ".join(f"{hw} {_x(v)}" for hw, v in sorted(ratios.items())) or "no c1 runs"
     real = _kernel_real(sources, "c1", _c1_kernel_entry)
+    engine = c1_end_to_end(sources)
+    if engine:
+        real = f"{real} / end to end: {engine}"
     mechanism = "; ".join(
         f"{hw}: simulated L2 hit rate {h:.2f} homogeneous vs {m:.2f} mixed" for hw, (h, m) in
         sorted(hits.items())) or "n/a"

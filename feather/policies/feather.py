@@ -78,7 +78,7 @@ from feather.policies.learning import (
 )
 
 POLICY_FILE_FORMAT = "feather-policy/1"
-CONSULT = ("kernel", "always", "never")
+CONSULT = ("kernel", "every", "always", "never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +87,17 @@ class DecisionState:
 
     batch_size (b) and delta_tokens, w as in `CandidateState` (delta in tokens, so a table
     transfers between engines with different block sizes); max_running, the engine's slot
-    limit (a batch of b is small or large only against it).
+    limit (a batch of b is small or large only against it); shared_tokens, joins_tokens and
+    waiting: what a rule may weigh besides (the reference rule's inputs).
     """
 
     batch_size: int
     delta_tokens: int
     w: int
     max_running: int
+    shared_tokens: int = 0  # the prefix every running request shares now (tokens)
+    joins_tokens: int = 0  # what the candidate shares with the running set (tokens)
+    waiting: int = 0  # waiting requests, the candidate included
 
 
 class FeatherPolicy(AdmissionPolicy):
@@ -111,10 +115,12 @@ class FeatherPolicy(AdmissionPolicy):
             L-Eval) saves too little prefill to make the oldest wait: under Poisson load at 0.9x
             FCFS's capacity (whole L-Eval, A100) letting such sharers pass made the longest
             wait 24.5 s against FCFS's 5.7 s.
-        consult: when the rule is asked - "kernel" (default: only where the engine's kernel
-            reads the batch's common prefix once) or "always" (wherever delta > 0, as the
-            paper describes it; for kernels not characterised here, and for comparisons) or
-            "never" (Feather without STOP: the CHT's order, every decision ADD).
+        consult: when the rule is asked - "kernel" (default: b >= 2, delta > 0 and only where
+            the engine's kernel reads the batch's common prefix once), "every" (the paper's
+            reading: at every candidate the CHT offers once a batch has begun, b = 1 and
+            mixed running sets included, forced ADD only where no two requests in the tree
+            share a chunk - C6's guarantee), "always" (b >= 2 and delta > 0, whatever the
+            kernel) or "never" (Feather without STOP: the CHT's order, every decision ADD).
     """
 
     def __init__(
@@ -199,13 +205,28 @@ class FeatherPolicy(AdmissionPolicy):
                 candidate = sharing[0]
         state = cht.candidate_state(candidate)
         ctx = self._ctx
-        at_stake = self.consult == "always" or (
-            self.consult == "kernel" and ctx.prefix_read_once
-        )
-        if batch_size < 2 or state.delta == 0 or not at_stake:
+        if self.consult == "every":
+            consulted = cht.any_shared()
+        else:
+            at_stake = self.consult == "always" or (
+                self.consult == "kernel" and ctx.prefix_read_once
+            )
+            consulted = batch_size >= 2 and state.delta > 0 and at_stake
+        if not consulted:
             return self._forced(candidate, batch_size, state)
         delta_tokens = state.delta * self.chunk_size
-        action = self._decide(DecisionState(batch_size, delta_tokens, state.w, ctx.max_running))
+        joins = (cht.num_chunks(candidate) - cht.missing(candidate)) * self.chunk_size
+        action = self._decide(
+            DecisionState(
+                batch_size,
+                delta_tokens,
+                state.w,
+                ctx.max_running,
+                shared_tokens=cht.shared_depth() * self.chunk_size,
+                joins_tokens=joins,
+                waiting=cht.num_waiting,
+            )
+        )
         self.last_step.decisions.append(
             Decision(candidate, batch_size, delta_tokens, state.w, action, forced=False)
         )
@@ -299,6 +320,77 @@ class FeatherStaticPolicy(FeatherPolicy):
             "min_batch": self.min_batch,
             "min_batch_fraction": self.min_batch_fraction,
             "min_delta_tokens": self.min_delta_tokens,
+        }
+
+
+class FeatherReferencePolicy(FeatherPolicy):
+    """The static rule of a public vLLM branch that implements the paper (its
+    `SchedulingPolicy.FEATHER` request queue), written here from its stated behaviour.
+
+    Consulted at every candidate (`consult="every"`, the paper's reading). In the branch's
+    own 50-token chunks (`chunk_tokens`): ADD when the candidate cuts at most `max_loss_chunks`
+    chunks (5) of the prefix the running batch shares, or `busy_loss_chunks` (7) when at least
+    `busy_waiting` (10) requests wait; otherwise ADD only while the running batch is smaller
+    than a floor that starts at `floor_start` (1), grows by one with every admission that
+    passed the loss test, and stops growing at `floor_cap` (10). The first request of a batch
+    is always admitted (an empty batch is never consulted). Compared with feather-static it
+    stops early and often: a homogeneous batch of 10 or more stops at the first candidate of
+    another prefix, whatever the slot count.
+    """
+
+    name = "feather-reference"
+
+    def __init__(
+        self,
+        *,
+        chunk_tokens: int = 50,
+        max_loss_chunks: int = 5,
+        busy_loss_chunks: int = 7,
+        busy_waiting: int = 10,
+        floor_start: int = 1,
+        floor_cap: int = 10,
+        consult: str = "every",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(consult=consult, **kwargs)
+        for name, value, low in (
+            ("chunk_tokens", chunk_tokens, 1),
+            ("max_loss_chunks", max_loss_chunks, 0),
+            ("busy_loss_chunks", busy_loss_chunks, 0),
+            ("busy_waiting", busy_waiting, 1),
+            ("floor_start", floor_start, 1),
+            ("floor_cap", floor_cap, 1),
+        ):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if floor_cap < floor_start:
+            raise ValueError(f"floor_cap ({floor_cap}) must be >= floor_start ({floor_start})")
+        self.chunk_tokens = chunk_tokens
+        self.max_loss_chunks = max_loss_chunks
+        self.busy_loss_chunks = busy_loss_chunks
+        self.busy_waiting = busy_waiting
+        self.floor_start = floor_start
+        self.floor_cap = floor_cap
+        self.floor = floor_start
+
+    def _decide(self, state: DecisionState) -> Action:
+        allowed = (
+            self.busy_loss_chunks if state.waiting >= self.busy_waiting else self.max_loss_chunks
+        )
+        if state.delta_tokens <= allowed * self.chunk_tokens:
+            self.floor = min(self.floor_cap, self.floor + 1)
+            return Action.ADD
+        return Action.ADD if state.batch_size < self.floor else Action.STOP
+
+    def params(self) -> dict[str, Any]:
+        return {
+            **super().params(),
+            "chunk_tokens": self.chunk_tokens,
+            "max_loss_chunks": self.max_loss_chunks,
+            "busy_loss_chunks": self.busy_loss_chunks,
+            "busy_waiting": self.busy_waiting,
+            "floor_start": self.floor_start,
+            "floor_cap": self.floor_cap,
         }
 
 

@@ -287,9 +287,11 @@ def overhead_targets():
 
 
 def vllm_cpu_traces():
-    """Real vLLM-on-CPU runs of this workflow: their decode steps are the measured step."""
+    """Real vLLM-on-CPU runs of the vllm experiment (tiny-llama, the C5 shape): their decode
+    steps are the measured step (C1's kv-llama runs measure another model)."""
     return [f"{d}/summary.json" for b in ENGINE_BATCHES
-            if b.engine == "vllm" and b.hardware == "cpu" for d in b.run_dirs()]
+            if b.engine == "vllm" and b.hardware == "cpu" and b.experiment == "vllm"
+            for d in b.run_dirs()]
 
 # ---- online serving on real vLLM (workflow/rules/online.smk) ----
 

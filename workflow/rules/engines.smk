@@ -7,7 +7,7 @@ for _batch in ENGINE_BATCHES:
         name:
             f"engine_{_batch.name}"
         input:
-            _batch.workload_spec,
+            _batch.workload_files(),
             _batch.inputs(),
         output:
             [f"{d}/summary.json" for d in _batch.run_dirs()],

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from feather.engines.model_dir import model_directory
 from feather.engines.runs import EngineRun
+from feather.engines.vllm import attention_timer
 from feather.engines.vllm.compat import let_vllm_scan_llvmlite
 from feather.memory import check_fits
 from feather.metrics import latency_summary
@@ -203,6 +204,8 @@ class VllmSession:
         if setup.cascade_attention != "default":
             kwargs["disable_cascade_attn"] = setup.cascade_attention == "off"
         say(f"starting {self.dist} {self.version} on {self.device} with {setup.model}")
+        if self.device == "cpu":
+            attention_timer.install()  # attention's share of each step, in the step rows
         let_vllm_scan_llvmlite()  # the simulator may have imported numba in this process
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
@@ -381,14 +384,20 @@ class VllmSession:
 
         decode = [d for d in t.get("decode_seqs", []) if d]
         # the paper's C1 measure: tokens over time of the steps that prefill nothing
+        attention = t.get("attention_s") or [None] * len(step_times)
         decode_only = [
-            (tokens, seconds)
-            for tokens, seconds, prefill in zip(
-                t.get("sampled_tokens", []), step_times, t.get("prefill_tokens", []), strict=True
+            (tokens, seconds, attn)
+            for tokens, seconds, prefill, attn in zip(
+                t.get("sampled_tokens", []),
+                step_times,
+                t.get("prefill_tokens", []),
+                attention,
+                strict=True,
             )
             if prefill == 0 and seconds > 0
         ]
-        decode_only_s = sum(s for _, s in decode_only)
+        decode_only_s = sum(s for _, s, _ in decode_only)
+        timed = decode_only and all(a is not None for _, _, a in decode_only)
         hits = sum(cols["cached_tokens"])
         sched_cpu = sum(t.get("sched_cpu_s", []))
         step_cpu = t.get("step_cpu_s", [])
@@ -406,7 +415,11 @@ class VllmSession:
             "mean_batch_size": weighted("batch_size"),
             "mean_decode_batch_size": sum(decode) / len(decode) if decode else 0.0,
             "decode_only_steps": len(decode_only),
-            "decode_only_tok_s": sum(k for k, _ in decode_only) / decode_only_s
+            # vLLM's CPU attention kernel's share of those steps (timed inside the engine)
+            "decode_only_attention_share": sum(a for _, _, a in decode_only) / decode_only_s
+            if timed and decode_only_s
+            else None,
+            "decode_only_tok_s": sum(k for k, _, _ in decode_only) / decode_only_s
             if decode_only_s
             else None,
             "decode_only_step_s": decode_only_s / len(decode_only) if decode_only else None,

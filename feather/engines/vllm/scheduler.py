@@ -36,6 +36,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from feather.atomic import write_text_atomic
+from feather.engines.vllm import attention_timer
 from feather.engines.vllm.queue import PolicyWaitingQueue
 from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_vllm_policy
 from feather.policies.base import Action, StopReason
@@ -98,6 +99,8 @@ class StepRow:
     # the engine process's CPU time over the same span (all its threads): what the step costs
     # the engine, apart from waiting for cores other processes hold (shared machines)
     step_cpu_s: float | None = None
+    # seconds in vLLM's CPU attention kernel during the step (attention_timer; None: not timed)
+    attention_s: float | None = None
     sampled_tokens: int = 0
     finished: int = 0
     # per scheduled request, in the order of num_scheduled_tokens: tokens with KV before the
@@ -183,6 +186,7 @@ class _FeatherSchedulingMixin:
             )
         self.scheduler_name = scheduler
         self._groups = groups
+        attention_timer.take()  # what ran before (start-up's warm-up runs) is no step's
         self._plan_ids: list[str] | None = None
         self._group_of: dict[str, Any] = {}
         self.step_rows = []
@@ -263,6 +267,7 @@ class _FeatherSchedulingMixin:
         if row is not None:
             started = self._last_update or self._clock0 + row.start_s  # first: its schedule()
             row.step_time_s = now - started
+            row.attention_s = attention_timer.take()
             cpu_started = (
                 self._last_update_cpu
                 if self._last_update_cpu is not None
