@@ -19,7 +19,16 @@ from feather.engines.vllm.runner import EngineSetup, VllmSession, write_vllm_run
 from feather.workloads import build
 from feather.workloads.builder import BuildOptions
 
-POLICIES = ["fcfs", "feather-static", "lpm", "dfs-weight", "feather-ucb", "feather-qlearn"]
+POLICIES = [
+    "fcfs", "feather-static", "lpm", "dfs-weight", "feather-ucb", "feather-qlearn",
+    "feather-reference",
+]
+# fixed batches through vLLM (C1's plans): the policy plans over the workload's request ids,
+# the engine names requests itself
+PLANS = {
+    "homogeneous-6": {"plan": "homogeneous", "size": 6},
+    "mixed-6": {"plan": "mixed", "size": 6},
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,9 @@ def results(workload, tmp_path_factory):
         for name in POLICIES:
             result = session.run(EngineRun("leval-slice", name), workload)
             out[name] = (result, write_vllm_run(result, root / name))
+        for label, params in PLANS.items():
+            result = session.run(EngineRun("leval-slice", label, "batches", params), workload)
+            out[label] = (result, write_vllm_run(result, root / label))
         return out
     finally:
         session.close()
@@ -71,6 +83,33 @@ def test_under_kv_pressure_grouping_policies_hit_the_prefix_cache_more_than_fcfs
         assert hits[name] > hits["fcfs"], hits
     groups = {n: r.summary["mean_distinct_groups"] for n, (r, _) in results.items()}
     assert groups["feather-static"] < groups["fcfs"], groups
+
+
+def test_fixed_batches_run_inside_vllm_as_planned(workload, results) -> None:
+    """homogeneous-6: each group's 6 requests are one batch, drained before the next (every
+    step holds one group); mixed-6: round-robin batches hold all four groups."""
+    group_of = [r.group_id for r in workload.requests]
+    for label, groups in (("homogeneous-6", 1), ("mixed-6", 4)):
+        result, _ = results[label]
+        trace = result.trace.to_pydict()
+        held = [g for g, n in zip(trace["distinct_groups"], trace["batch_size"], strict=True) if n]
+        assert max(held) == groups, (label, held)
+        admitted = result.requests.to_pydict()["admitted_s"]
+        order = [group_of[i] for i in sorted(range(len(admitted)), key=admitted.__getitem__)]
+        if groups == 1:  # batch by batch: one group's six, then the next group's
+            assert all(len(set(order[k : k + 6])) == 1 for k in range(0, len(order), 6))
+        else:
+            assert all(len(set(order[k : k + 6])) >= 3 for k in range(0, len(order), 6))
+
+
+def test_attention_is_timed_inside_the_engine(results) -> None:
+    """vLLM's CPU attention op is wrapped with a clock: every step spends some, never more
+    than the step, and decode-only steps report its share."""
+    for name, (result, _) in results.items():
+        trace = result.trace.to_pydict()
+        for attention, step in zip(trace["attention_s"], trace["step_time_s"], strict=True):
+            assert 0 < attention < step, name
+        assert 0 < result.summary["decode_only_attention_share"] < 1, name
 
 
 def test_run_directory_records_the_engine_and_the_policy(results) -> None:

@@ -37,7 +37,8 @@ from feather.sim.sched_measured import COST_MODELS
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
 ENGINE_RUN_FIELDS = {
-    "engine", "device", "workload", "model", "scheduler", "except_schedulers", "repeats", "options"
+    "engine", "device", "workload", "model", "scheduler", "except_schedulers", "repeats",
+    "options", "sweep",
 }
 TEMPLATE_FIELDS = {
     "workload",
@@ -580,6 +581,11 @@ def expand_engine_runs(
     for i, template in enumerate(experiment.engine_templates):
         where = f"{experiment.path}: engine_runs entry {i}"
         _check_engine_template(where, template)
+        if template.get("sweep", "default") not in ("default", "full"):
+            raise ExperimentError(f"{where}: sweep {template['sweep']!r} is not default or full")
+        wanted = (config.get("engine_runs") or {}).get("sweep", "default")
+        if template.get("sweep", "default") == "full" and wanted != "full":
+            continue  # the larger real-engine sweeps (config.yaml `engine_runs: {sweep: full}`)
         engine = template["engine"]
         if engine not in config["engines"]:
             continue

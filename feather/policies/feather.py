@@ -151,6 +151,7 @@ class FeatherPolicy(AdmissionPolicy):
         self.min_share_tokens = min_share_tokens
         self.cht = ChunkedHashTree(chunk_size, order=candidate_order)
         self._watched_oldest: RequestId | None = None
+        self._candidate: RequestId | None = None  # the one being decided on (for rules)
         self._bypasses = 0
 
     # ---- protocol hooks ------------------------------------------------------------------
@@ -216,6 +217,7 @@ class FeatherPolicy(AdmissionPolicy):
             return self._forced(candidate, batch_size, state)
         delta_tokens = state.delta * self.chunk_size
         joins = (cht.num_chunks(candidate) - cht.missing(candidate)) * self.chunk_size
+        self._candidate = candidate
         action = self._decide(
             DecisionState(
                 batch_size,
@@ -332,7 +334,9 @@ class FeatherReferencePolicy(FeatherPolicy):
     chunks (5) of the prefix the running batch shares, or `busy_loss_chunks` (7) when at least
     `busy_waiting` (10) requests wait; otherwise ADD only while the running batch is smaller
     than a floor that starts at `floor_start` (1), grows by one with every admission that
-    passed the loss test, and stops growing at `floor_cap` (10). The first request of a batch
+    passed the loss test (counted when the engine admits it: a candidate refused for the
+    token budget is asked again), and stops growing at `floor_cap` (10); nothing we know of
+    the branch resets it, so nothing here does. The first request of a batch
     is always admitted (an empty batch is never consulted). Compared with feather-static it
     stops early and often: a homogeneous batch of 10 or more stops at the first candidate of
     another prefix, whatever the slot count.
@@ -372,15 +376,30 @@ class FeatherReferencePolicy(FeatherPolicy):
         self.floor_start = floor_start
         self.floor_cap = floor_cap
         self.floor = floor_start
+        self._passed: set[RequestId] = set()  # ADDed by the loss test, not yet admitted
 
     def _decide(self, state: DecisionState) -> Action:
         allowed = (
             self.busy_loss_chunks if state.waiting >= self.busy_waiting else self.max_loss_chunks
         )
         if state.delta_tokens <= allowed * self.chunk_tokens:
-            self.floor = min(self.floor_cap, self.floor + 1)
+            self._passed.add(self._candidate)
             return Action.ADD
         return Action.ADD if state.batch_size < self.floor else Action.STOP
+
+    def _on_admit(self, req_id: RequestId) -> None:
+        super()._on_admit(req_id)
+        if req_id in self._passed:  # the floor grows per admission, not per decision: an
+            self._passed.discard(req_id)  # engine that refuses (token budget) asks again
+            self.floor = min(self.floor_cap, self.floor + 1)
+
+    def _on_leave_running(self, req_id: RequestId, *, finished: bool) -> None:
+        super()._on_leave_running(req_id, finished=finished)
+        self._passed.discard(req_id)
+
+    def _on_drop_waiting(self, req_id: RequestId) -> None:
+        super()._on_drop_waiting(req_id)
+        self._passed.discard(req_id)
 
     def params(self) -> dict[str, Any]:
         return {

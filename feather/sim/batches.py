@@ -6,6 +6,10 @@ plan comes from the workload's groups:
 
   homogeneous  each group's requests in batches of `size` (the paper's 8 x 100 for C1)
   mixed        all requests round-robin over groups, in batches of `size` (the mixed side)
+  sorted       all requests group after group, in batches of `size`: batches as large and as
+               mixed as `mixed`'s once `size` exceeds a group, but each group's requests
+               adjacent in the batch (a kernel that walks requests in order reuses a prefix
+               from cache while it is still there: vLLM's CPU kernel does)
 
 C2 (k divergent requests in a homogeneous batch) is a workload of one group of 100 with
 k requests made unshared (`synthetic:groups=1,per_group=100,unshared=0.0k`) under `mixed`:
@@ -24,7 +28,7 @@ from feather.arrival import ArrivalQueue
 from feather.policies.base import AdmissionPolicy, Request, RequestId
 from feather.workloads.schema import WorkloadRequest
 
-PLANS = ("homogeneous", "mixed")
+PLANS = ("homogeneous", "mixed", "sorted")
 
 
 def plan_batches(requests: Sequence[WorkloadRequest], plan: str, size: int) -> list[list[str]]:
@@ -38,6 +42,9 @@ def plan_batches(requests: Sequence[WorkloadRequest], plan: str, size: int) -> l
         groups.setdefault(r.group_id, []).append(r.request_id)
     if plan == "homogeneous":
         return [g[i : i + size] for g in groups.values() for i in range(0, len(g), size)]
+    if plan == "sorted":
+        order = [rid for g in groups.values() for rid in g]
+        return [order[i : i + size] for i in range(0, len(order), size)]
     longest = max(len(g) for g in groups.values())
     order = [g[i] for i in range(longest) for g in groups.values() if i < len(g)]
     return [order[i : i + size] for i in range(0, len(order), size)]
