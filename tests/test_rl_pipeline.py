@@ -172,8 +172,8 @@ def test_engine_runs_tagged_full_run_only_in_the_full_sweep() -> None:
     def workloads(sweep: str | None) -> list[str]:
         experiment = load_experiment(REPO / "experiments" / "vllm.yaml")
         chosen = {**config, "engine_runs": {"sweep": sweep}} if sweep else config
-        return [b.workload for b in expand_engine_runs(experiment, chosen, {"leval"},
-                                                       {"vllm": "cpu"})]
+        return [b.workload for b in expand_engine_runs(experiment, chosen,
+                                                       {"leval", "synthetic"}, {"vllm": "cpu"})]
 
     assert "stop_cpu" not in workloads(None) and "stop_cpu" not in workloads("default")
     assert "stop_cpu" in workloads("full") and "leval_slice" in workloads("full")
