@@ -87,9 +87,10 @@ def test_under_kv_pressure_grouping_policies_hit_the_prefix_cache_more_than_fcfs
 
 def test_fixed_batches_run_inside_vllm_as_planned(workload, results) -> None:
     """homogeneous-6: each group's 6 requests are one batch, drained before the next (every
-    step holds one group); mixed-6: round-robin batches hold all four groups."""
+    step holds one group); mixed-6: round-robin batches over all four groups (the 80-block
+    pool holds about two documents, so at most two groups run at once)."""
     group_of = [r.group_id for r in workload.requests]
-    for label, groups in (("homogeneous-6", 1), ("mixed-6", 4)):
+    for label, groups in (("homogeneous-6", 1), ("mixed-6", 2)):
         result, _ = results[label]
         trace = result.trace.to_pydict()
         held = [g for g, n in zip(trace["distinct_groups"], trace["batch_size"], strict=True) if n]
