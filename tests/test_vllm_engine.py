@@ -113,6 +113,25 @@ def test_attention_is_timed_inside_the_engine(results) -> None:
         assert 0 < result.summary["decode_only_attention_share"] < 1, name
 
 
+def test_the_kernel_hook_counts_cold_kv_in_the_kernels_order(results) -> None:
+    """Per step, the decode KV tokens the kernel reads that its predecessor row did not
+    share: never more than the decodes read, and a small part of it where each batch is one
+    document's requests (homogeneous-6) against FCFS's mixed batches."""
+    share = {}
+    for name, (result, _) in results.items():
+        trace = result.trace.to_pydict()
+        cold_total = read_total = 0
+        for cold, contexts, news in zip(trace["kernel_cold_kv_tokens"],
+                                        trace["seq_context_tokens"], trace["seq_new_tokens"],
+                                        strict=True):  # fmt: skip
+            read = sum(c + 1 for c, n in zip(contexts, news, strict=True) if n == 1 and c > 0)
+            assert cold is not None and 0 <= cold <= read, name
+            cold_total, read_total = cold_total + cold, read_total + read
+        share[name] = cold_total / read_total
+    assert share["homogeneous-6"] < 0.5 < share["mixed-6"], share
+    assert share["homogeneous-6"] < share["fcfs"], share
+
+
 def test_run_directory_records_the_engine_and_the_policy(results) -> None:
     _, folder = results["feather-static"]
     summary = json.loads((folder / "summary.json").read_text())

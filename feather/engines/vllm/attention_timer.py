@@ -6,15 +6,48 @@ a clock (the same call, the same arguments, its wall time added to a counter); t
 takes the counter after every step (`take()`), so each step row carries the seconds its
 attention took. Only for an engine core in this process (the offline runner's), where the
 model runs between the scheduler's schedule() and update_from_output().
+
+On the step's first call (every layer sees the same batch) it also counts, from the kernel's
+own block table, sequence lengths and query offsets, the decode KV tokens that the request
+before each in the kernel's order does not share (`feather.sim.step_fit.cold_decode_kv_tokens`):
+the step-time fit's homogeneity term, taken where the kernel's order is known.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 from typing import Any
 
-_state = {"installed": False, "seconds": 0.0}
+from feather.sim.step_fit import cold_decode_kv_tokens
+
+_state: dict[str, Any] = {"installed": False, "seconds": 0.0, "cold": None}
+
+
+@dataclass(frozen=True, slots=True)
+class StepAttention:
+    """What the kernel did in one step: its seconds and its cold decode KV tokens."""
+
+    seconds: float
+    cold_kv_tokens: int | None
+
+
+def kernel_cold_kv_tokens(args: tuple, kwargs: dict[str, Any]) -> int:
+    """The cold decode KV tokens of one call of vLLM's op, read from its arguments."""
+    names = ("query", "key_cache", "value_cache", "output", "query_start_loc", "seq_lens")
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    block_table = bound["block_table"] if "block_table" in bound else args[10]
+    block_size = int(bound["key_cache"].shape[2])  # [blocks, kv heads, block, head dim]
+    starts = bound["query_start_loc"].tolist()
+    lengths = bound["seq_lens"].tolist()
+    table = block_table.tolist()
+    rows = []
+    for i, seq_len in enumerate(lengths):
+        new = starts[i + 1] - starts[i]
+        used = -(-seq_len // block_size)
+        rows.append((tuple(table[i][:used]), seq_len - new, new))
+    return cold_decode_kv_tokens(rows, block_size)
 
 
 def install() -> bool:
@@ -31,6 +64,8 @@ def install() -> bool:
 
     @functools.wraps(original)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if _state["cold"] is None:
+            _state["cold"] = kernel_cold_kv_tokens(args, kwargs)
         started = time.perf_counter()
         try:
             return original(*args, **kwargs)
@@ -46,9 +81,10 @@ def installed() -> bool:
     return bool(_state["installed"])
 
 
-def take() -> float | None:
-    """Attention seconds since the last take (None when the timer is not installed)."""
+def take() -> StepAttention | None:
+    """Attention since the last take (None when the timer is not installed)."""
     if not _state["installed"]:
         return None
-    seconds, _state["seconds"] = _state["seconds"], 0.0
-    return seconds
+    taken = StepAttention(_state["seconds"], _state["cold"])
+    _state["seconds"], _state["cold"] = 0.0, None
+    return taken

@@ -101,6 +101,9 @@ class StepRow:
     step_cpu_s: float | None = None
     # seconds in vLLM's CPU attention kernel during the step (attention_timer; None: not timed)
     attention_s: float | None = None
+    # decode KV tokens not shared with the request before each in the kernel's order, from
+    # the kernel's block table (attention_timer; the step-time fit's homogeneity term)
+    kernel_cold_kv_tokens: int | None = None
     sampled_tokens: int = 0
     finished: int = 0
     # per scheduled request, in the order of num_scheduled_tokens: tokens with KV before the
@@ -267,7 +270,10 @@ class _FeatherSchedulingMixin:
         if row is not None:
             started = self._last_update or self._clock0 + row.start_s  # first: its schedule()
             row.step_time_s = now - started
-            row.attention_s = attention_timer.take()
+            attention = attention_timer.take()
+            if attention is not None:
+                row.attention_s = attention.seconds
+                row.kernel_cold_kv_tokens = attention.cold_kv_tokens
             cpu_started = (
                 self._last_update_cpu
                 if self._last_update_cpu is not None
