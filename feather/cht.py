@@ -46,6 +46,12 @@ Two candidate orders (`order=`), the same aggregates with a different key:
   the child heaps compare arrival only, `att` is the oldest attached request, and the global
   heap orders working-set nodes by depth (deepest first).
 
+Prefix groups. `num_active_groups` counts the distinct prefixes the active requests run:
+two requests are in one group when they share their first `group_chunks` chunks (a prompt
+shorter than that is keyed by its whole length; a prompt without a full chunk is a group of
+its own). It is kept as a count per group key, updated on admit and deactivate in O(1): what
+a learned policy's state needs to tell a homogeneous running set from a mixed one.
+
 An operation recomputes these along one path (stopping where nothing changed) and for the
 nodes that enter or leave the working set: amortised O(path x log W) with lazy deletion from
 the heaps (an entry is live while its stamp matches; dead entries are compacted away once they
@@ -160,9 +166,14 @@ class ChunkedHashTree:
     `order`: how `best()` / `best_sharing()` rank waiting requests (see the module docstring).
     """
 
-    def __init__(self, chunk_size: int = 16, order: str = "fewest-missing") -> None:
+    def __init__(
+        self, chunk_size: int = 16, order: str = "fewest-missing", group_chunks: int = 1
+    ) -> None:
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        if not isinstance(group_chunks, int) or group_chunks < 1:
+            raise ValueError(f"group_chunks must be a positive integer, got {group_chunks!r}")
+        self.group_chunks = group_chunks
         if order not in ORDERS:
             raise ValueError(f"unknown candidate order {order!r}; orders: {', '.join(ORDERS)}")
         self.chunk_size = chunk_size
@@ -182,6 +193,9 @@ class ChunkedHashTree:
         self._first_chunk: dict[RequestId, Hashable] = {}
         self._per_first_chunk: dict[Hashable, int] = {}
         self._shared_first_chunks = 0
+        # prefix groups (see the module docstring): each request's key, active ones counted
+        self._group_key: dict[RequestId, Hashable] = {}
+        self._active_groups: dict[Hashable, int] = {}
 
     # ---- registering requests ------------------------------------------------------------
     def add_waiting(
@@ -221,6 +235,9 @@ class ChunkedHashTree:
             count = self._per_first_chunk.get(first, 0) + 1
             self._per_first_chunk[first] = count
             self._shared_first_chunks += count == 2
+        self._group_key[req_id] = (
+            hashes[min(len(hashes), self.group_chunks) - 1] if hashes else ("no-chunk", req_id)
+        )
         node = self._insert_path(hashes)
         req = _Request(req_id, self._next_seq, len(hashes), node)
         self._next_seq += 1
@@ -238,6 +255,8 @@ class ChunkedHashTree:
         req.state = _ACTIVE
         self._arrival.discard(req_id)
         self._active[req_id] = req
+        key = self._group_key[req_id]
+        self._active_groups[key] = self._active_groups.get(key, 0) + 1
         if self._anchor is None:
             self._anchor = req
         entering: list[_Node] = []  # nodes that join the working set, deepest first
@@ -271,6 +290,7 @@ class ChunkedHashTree:
                 x = x.parent
             self._refresh_up(req.node)
         del self._requests[req_id]
+        del self._group_key[req_id]
         first = self._first_chunk.pop(req_id, None)
         if first is not None:
             count = self._per_first_chunk.pop(first) - 1
@@ -367,6 +387,17 @@ class ChunkedHashTree:
     @property
     def num_active(self) -> int:
         return len(self._active)
+
+    @property
+    def num_active_groups(self) -> int:
+        """Distinct prefix groups among the active requests (see the module docstring)."""
+        return len(self._active_groups)
+
+    def joins_active_group(self, req_id: RequestId) -> bool:
+        """Whether a waiting request's prefix group already runs (admitting it joins a group
+        rather than opening one)."""
+        self._get(req_id, _WAITING, "joins_active_group")
+        return self._group_key[req_id] in self._active_groups
 
     @property
     def num_waiting(self) -> int:
@@ -487,6 +518,10 @@ class ChunkedHashTree:
     def _deactivate(self, req: _Request) -> None:
         """Active -> not active: nodes it alone held leave the working set."""
         del self._active[req.req_id]
+        key = self._group_key[req.req_id]
+        left = self._active_groups.pop(key) - 1
+        if left:
+            self._active_groups[key] = left
         leaving: list[_Node] = []
         x: _Node | None = req.node
         while x is not None:

@@ -34,6 +34,7 @@ from feather.cli_values import MAX_COUNT, MAX_SEED
 from feather.models import ModelProfile
 from feather.pipeline import checks
 from feather.policies import resolve_scheduler, scheduler_names
+from feather.policies.feather import CONSULT
 from feather.policies.registry import scheduler_parameters
 from feather.sim.hardware import HardwareProfile
 from feather.workloads import load_workload, write_workload
@@ -862,6 +863,7 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
             "engine-repeats",
             "engine-name",
             "training",
+            "training-params",
         ],
     )
     text = st.text(min_size=1, max_size=12)
@@ -1005,6 +1007,17 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
         engine["engine"] = draw(text.filter(lambda t: t not in ("sim", "vllm", "sglang")))
         exp["engine_runs"] = [engine]
         return exp, ["engine_runs entry 0", "engine"]
+    if kind == "training-params":
+        exp["training"] = {
+            "learners": ["feather-ucb"],
+            "hardware": ["a100-80gb"],
+            "train_workloads": [SYN],
+            "eval_workloads": [SYN],
+            "train_seeds": [0],
+            "eval_seeds": [1],
+            "params": {"consult": draw(text.filter(lambda t: t not in CONSULT))},
+        }
+        return exp, ["training.params", "consult"]
     exp["training"] = {
         "learners": [
             draw(

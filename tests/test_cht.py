@@ -11,14 +11,16 @@ from feather.cht import CandidateState, ChunkedHashTree, UnknownRequestError
 from feather.chunk_hash import chunk_hashes
 
 CHUNK = 2
+GROUP = 2  # chunks that name a prefix group
 
 
 class Reference:
     """The definitions, computed by scanning every request (what the CHT must equal)."""
 
-    def __init__(self, chunk_size: int, order: str = "fewest-missing") -> None:
+    def __init__(self, chunk_size: int, order: str = "fewest-missing", group_chunks: int = 1):
         self.chunk_size = chunk_size
         self.order = order
+        self.group_chunks = group_chunks
         self.chunks: dict[int, list] = {}
         self.seq: dict[int, int] = {}
         self.active: set[int] = set()
@@ -83,6 +85,15 @@ class Reference:
         )
         return CandidateState(new_depth=new_depth, delta=delta, w=w)
 
+    def group(self, rid: int) -> object:
+        """A request's prefix group: its first `group_chunks` chunks (all, if fewer); a
+        prompt without a full chunk is alone."""
+        chunks = self.chunks[rid]
+        return chunks[: self.group_chunks] if chunks else ("alone", rid)
+
+    def active_groups(self) -> int:
+        return len({repr(self.group(r)) for r in self.active})
+
 
 # Prompts over a 3-token alphabet with chunk size 2: prefixes are shared and nested all the
 # time, prompts end inside runs, partial last chunks occur, and empty prompts too.
@@ -103,8 +114,8 @@ class CHTMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.tree = ChunkedHashTree(chunk_size=CHUNK, order=self.order)
-        self.ref = Reference(CHUNK, self.order)
+        self.tree = ChunkedHashTree(chunk_size=CHUNK, order=self.order, group_chunks=GROUP)
+        self.ref = Reference(CHUNK, self.order, GROUP)
         self.next_id = 0
         self.history: list[list[int]] = []
 
@@ -269,7 +280,10 @@ class CHTMachine(RuleBasedStateMachine):
         waiting = self.ref.waiting()
         assert self.tree.num_waiting == len(waiting)
         assert self.tree.num_active == len(self.ref.active)
+        assert self.tree.num_active_groups == self.ref.active_groups()
+        running = {repr(self.ref.group(r)) for r in self.ref.active}
         for rid in waiting:
+            assert self.tree.joins_active_group(rid) == (repr(self.ref.group(rid)) in running)
             assert self.tree.missing(rid) == self.ref.missing(rid)
             assert self.tree.candidate_state(rid) == self.ref.candidate_state(rid)
 

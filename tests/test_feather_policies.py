@@ -19,7 +19,7 @@ from feather.policies import (
     StepOutcome,
     create_scheduler,
 )
-from feather.policies.feather import DecisionState, _Window
+from feather.policies.feather import DecisionState, FeatherStaticPolicy, _Window
 from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
 
 FEATHER = ("feather-static", "feather-reference", "feather-ucb", "feather-qlearn")
@@ -125,7 +125,7 @@ def test_without_sharing_every_feather_policy_admits_exactly_as_fcfs(
     expected = [s.admitted for s in engine(make("fcfs"))]
     for name in FEATHER:
         extra = {"epsilon_start": 1.0, "epsilon_min": 1.0} if name == "feather-qlearn" else {}
-        for consult in ("kernel", "every", "always"):  # the paper's reading keeps C6 too
+        for consult in ("kernel", "every", "group", "always"):  # the paper's reading too
             policy = make(name, **extra, consult=consult)
             assert [s.admitted for s in engine(policy)] == expected, (name, consult)
 
@@ -392,16 +392,128 @@ def test_report_step_reward_is_throughput() -> None:
 
 def test_reward_signals_differ_only_in_whether_prefill_steps_count() -> None:
     """After a decision: one prefill step (10 tokens in 0.5 s), two decode steps (40 tokens in
-    0.5 s each). The paper's decode reward is 80 tok/s, the all-steps one 90 / 1.5 = 60."""
+    0.5 s each). The paper's decode reward is 80 tok/s, the all-steps one 90 / 1.5 = 60; the
+    reference's one-step reward is the first step's batch over its time, 8 / 0.5 = 16."""
     steps = (StepOutcome(8, 10, 0.5, prefill_tokens=3000), StepOutcome(8, 40, 0.5),
-             StepOutcome(8, 40, 0.5))
-    for signal, expected in (("decode", 0.8), ("all-steps", 0.6)):
+             StepOutcome(8, 40, 0.5))  # fmt: skip
+    for signal, expected in (("decode", 0.8), ("all-steps", 0.6), ("one-step", 0.16)):
         policy = make("feather-ucb", reward_scale_tok_s=100.0, reward_signal=signal)
-        policy._window = _Window([("b4|d3|w3", Action.ADD)])
+        window = _Window([("b4|d3|w3", Action.ADD)])
+        policy._windows = [window]
         for outcome in steps:
             policy.report_step(outcome)
-        policy._credit(policy._window, next_key=None)
+        if policy._windows:
+            policy._credit(window)
         assert policy.table.stats["b4|d3|w3"][Action.ADD].value == pytest.approx(expected)
         assert policy.params()["reward_signal"] == signal
+
+
+def decide_then_report(policy, key: str, outcome: StepOutcome) -> None:
+    """One step of a learner that took one decision in state `key`."""
+    policy._decided_step, policy._step_decisions = policy._step, [(key, Action.ADD)]
+    policy.report_step(outcome)
+    policy._step += 1
+
+
+def test_a_horizon_window_is_not_cut_short_by_later_decisions() -> None:
+    """Decisions in two consecutive steps, then decode steps at 40 and 80 tok/s: with
+    "until-next" the first decision is judged on its one step (40), with "horizon" on the
+    three steps of its horizon (40 + 80 + 80 tokens in 3 s: 66.7), the second on its own
+    three (80)."""
+    slow, fast = StepOutcome(8, 40, 1.0), StepOutcome(8, 80, 1.0)
+    values = {}
+    for window in ("until-next", "horizon"):
+        policy = make("feather-qlearn", reward_scale_tok_s=200.0, reward_horizon=3,
+                      reward_window=window, alpha=1.0, gamma=0.0)  # fmt: skip
+        decide_then_report(policy, "first", slow)
+        decide_then_report(policy, "second", fast)
+        for _ in range(4):
+            policy.report_step(fast)
+            policy._step += 1
+        stats = policy.table.stats
+        values[window] = (stats["first"][Action.ADD].value, stats["second"][Action.ADD].value)
+        assert policy.params()["reward_window"] == window
+    assert values["until-next"] == pytest.approx((0.2, 0.4))
+    assert values["horizon"] == pytest.approx((200 / 3 / 200, 0.4))
+    with pytest.raises(ValueError, match="reward_window must be one of"):
+        make("feather-ucb", reward_window="forever")
     with pytest.raises(ValueError, match="reward_signal must be one of"):
         make("feather-ucb", reward_signal="makespan")
+
+
+def test_decision_states_count_running_prefix_groups_and_whether_the_candidate_joins() -> None:
+    """The learners' context dimensions against the toy engine's own view: at every
+    delegated decision, the distinct prefix groups among running requests, and whether the
+    candidate's group is one of them (requests interleaved over 4 prefixes, random outputs,
+    the rule asked at every candidate and answering at random)."""
+    requests = grouped_requests(4, 6, prefix=64, suffix=5, output_len=lambda i: 2 + i % 5)
+    group_of = {r.req_id: r.group for r in requests}
+    rng = random.Random(3)
+    seen: list[tuple[DecisionState, int, set[int]]] = []
+
+    class Recording(FeatherStaticPolicy):
+        def _decide(self, state: DecisionState) -> Action:
+            running = {group_of[r] for r, st_ in self._state.items() if st_.name == "RUNNING"}
+            seen.append((state, group_of[self._candidate], running))
+            return rng.choice(list(Action))
+
+    run(Recording(chunk_size=4, min_share_tokens=32, consult="every"), requests, max_running=6)
+    assert len(seen) > 20
+    assert any(s.groups_running >= 2 for s, _, _ in seen) and any(s.joins_group for s, _, _ in seen)
+    assert any(not s.joins_group and s.batch_size > 0 for s, _, _ in seen)
+    for state, group, running in seen:
+        assert state.groups_running == len(running)
+        assert state.joins_group == (group in running)
+
+
+def test_state_keys_carry_the_context_dimensions_and_generalise_only_within_them() -> None:
+    plain = StateBuckets()
+    rich = StateBuckets.from_json({**plain.to_json(), "groups": [1, 2, 4], "joins": True})
+    assert plain.key(8, 2000, 20, groups=3, joins=True) == "b4|d3|w3"  # old keys unchanged
+    assert rich.key(8, 2000, 20, groups=3, joins=True) == "b4|d3|w3|g2|j1"
+    assert rich.key(8, 2000, 20, groups=0, joins=False) == "b4|d3|w3|g0|j0"
+    assert StateBuckets.from_json(rich.to_json()) == rich
+    assert StateBuckets.from_json({"batch": [1, 2], "delta_tokens": [1], "w": [1]}).groups is None
+    with pytest.raises(ValueError, match="unknown bucket dimension"):
+        StateBuckets.from_json({"batch": [1], "kv_headroom": [1]})
+    # a STOP learned with one group running implies STOP for a larger batch with one group,
+    # never for a state whose running set is mixed or whose candidate opens a group
+    known = {"b4|d3|w3|g1|j1": Action.STOP}
+    assert rich.generalise("b5|d3|w3|g1|j1", known) is Action.STOP
+    assert rich.generalise("b5|d3|w3|g2|j1", known) is Action.ADD
+    assert rich.generalise("b5|d3|w3|g1|j0", known) is Action.ADD
+
+
+@pytest.mark.parametrize("table", [UCBTable(), QTable(epsilon_start=0.0, epsilon_min=0.0)])
+def test_a_choice_awaiting_its_reward_counts_as_tried(table) -> None:
+    """Rewards arrive steps after a decision; a state asked again before that must not take
+    the 'untried' action again: each action once, then, once credited, the better one."""
+    rng = random.Random(0)
+    first = table.choose("s", greedy=False, rng=rng)
+    second = table.choose("s", greedy=False, rng=rng)
+    assert {first, second} == {Action.ADD, Action.STOP}
+    table.update("s", Action.ADD, 0.9, None)
+    table.update("s", Action.STOP, 0.1, None)
+    assert table.pending["s"] == {Action.ADD: 0, Action.STOP: 0}
+    assert table.choose("s", greedy=False, rng=rng) is Action.ADD
+
+
+def test_group_consultation_asks_only_where_the_candidate_changes_the_running_groups() -> None:
+    """consult="group": every delegated decision either cuts the shared prefix or opens a
+    group that does not run; a candidate joining a running group is a forced ADD. "every"
+    asks at those candidates too."""
+    requests = grouped_requests(4, 6, prefix=64, suffix=5, output_len=lambda i: 2 + i % 5)
+    asked: dict[str, list[DecisionState]] = {}
+    for consult in ("group", "every"):
+        rng = random.Random(5)
+        seen = asked.setdefault(consult, [])
+
+        class Recording(FeatherStaticPolicy):
+            def _decide(self, state: DecisionState, seen=seen, rng=rng) -> Action:
+                seen.append(state)
+                return rng.choice(list(Action))
+
+        run(Recording(chunk_size=4, min_share_tokens=32, consult=consult), requests,
+            max_running=6)  # fmt: skip
+    assert asked["group"] and all(s.delta_tokens > 0 or not s.joins_group for s in asked["group"])
+    assert any(s.joins_group and s.delta_tokens == 0 for s in asked["every"])

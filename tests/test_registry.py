@@ -86,3 +86,14 @@ def test_every_feather_policy_gets_the_engines_block_size_as_its_chunk_size(name
     assert policy.chunk_size == 128
     with pytest.raises(ValueError, match="chunk_size 16 must equal the engine's block size 128"):
         create_vllm_policy(name, {"chunk_size": 16}, block_size=128, cache_capacity_tokens=1024)
+
+
+def test_parameters_annotated_any_accept_any_value_and_others_are_still_checked() -> None:
+    """`buckets: dict[str, Any]` takes edge lists and a boolean flag; a wrong type for a typed
+    parameter is still refused by name."""
+    from feather.policies.registry import check_scheduler_params
+
+    buckets = {"batch": [1, 2, 4], "delta_tokens": [1], "w": [1], "groups": [1, 2], "joins": True}
+    check_scheduler_params("feather-ucb", {"buckets": buckets}, where="--param")
+    with pytest.raises(ValueError, match="reward_horizon"):
+        check_scheduler_params("feather-ucb", {"reward_horizon": "long"}, where="--param")

@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_the_rl_experiment_deploys_the_transfer_table_frozen_on_vllm_cpu() -> None:
     experiment = load_experiment(REPO / "experiments" / "rl.yaml")
     config = {"schedulers": {"fcfs": {}, "feather-static": {}}, "engines": ["vllm"]}
+    assert not expand_engine_runs(experiment, config, {"leval"}, {"vllm": "cpu"})  # full only
+    config["engine_runs"] = {"sweep": "full"}
     batches = expand_engine_runs(experiment, config, {"leval"}, {"vllm": "cpu"})
     pressure = next(b for b in batches if b.workload == "cpu_pressure")
     labels = [label for label, _, _ in pressure.schedulers]

@@ -77,7 +77,7 @@ TRAINING_FIELDS = {
     "eval_seeds",
 }
 # the simulated engine (default: paged, vllm); transfer: a second training for a real engine
-TRAINING_OPTIONAL = {"kernel", "engine_mode", "transfer"}
+TRAINING_OPTIONAL = {"kernel", "engine_mode", "transfer", "params"}
 TRANSFER_FIELDS = {"learner", "hardware", "model", "kernel", "params", "engine", "train_workloads",
                    "train_seeds"}
 
@@ -549,6 +549,11 @@ def _check_training(where: str, training: dict[str, Any]) -> None:
     for key in ("train_workloads", "eval_workloads"):
         for spec in training[key]:
             _check_workload(f"{where}: training.{key}", spec)
+    params = training.get("params", {})
+    if not isinstance(params, dict):
+        raise ExperimentError(f"{where}: training.params must be a mapping of learner parameters")
+    for learner in training["learners"]:
+        _check_params(f"{where}: training.params", learner, params)
     for key in ("train_seeds", "eval_seeds"):
         seeds = training[key]
         if (

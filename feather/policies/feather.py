@@ -78,7 +78,7 @@ from feather.policies.learning import (
 )
 
 POLICY_FILE_FORMAT = "feather-policy/1"
-CONSULT = ("kernel", "every", "always", "never")
+CONSULT = ("kernel", "every", "group", "always", "never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,8 @@ class DecisionState:
     shared_tokens: int = 0  # the prefix every running request shares now (tokens)
     joins_tokens: int = 0  # what the candidate shares with the running set (tokens)
     waiting: int = 0  # waiting requests, the candidate included
+    groups_running: int = 0  # distinct prefix groups running (ChunkedHashTree groups)
+    joins_group: bool = False  # the candidate's prefix group already runs
 
 
 class FeatherPolicy(AdmissionPolicy):
@@ -119,7 +121,10 @@ class FeatherPolicy(AdmissionPolicy):
             the engine's kernel reads the batch's common prefix once), "every" (the paper's
             reading: at every candidate the CHT offers once a batch has begun, b = 1 and
             mixed running sets included, forced ADD only where no two requests in the tree
-            share a chunk - C6's guarantee), "always" (b >= 2 and delta > 0, whatever the
+            share a chunk - C6's guarantee), "group" (as "every", but only where the candidate
+            changes the running set's prefix groups: it cuts the shared prefix (delta > 0) or
+            opens a group that does not run yet; joining a running group loses nothing, so
+            it is a forced ADD), "always" (b >= 2 and delta > 0, whatever the
             kernel) or "never" (Feather without STOP: the CHT's order, every decision ADD).
     """
 
@@ -149,7 +154,10 @@ class FeatherPolicy(AdmissionPolicy):
         self.candidate_order = candidate_order
         self.consult = consult
         self.min_share_tokens = min_share_tokens
-        self.cht = ChunkedHashTree(chunk_size, order=candidate_order)
+        # a prefix group: requests sharing at least min_share_tokens (the sharing that lets a
+        # request pass the oldest), at least one chunk
+        group_chunks = max(1, -(-min_share_tokens // chunk_size))
+        self.cht = ChunkedHashTree(chunk_size, order=candidate_order, group_chunks=group_chunks)
         self._watched_oldest: RequestId | None = None
         self._candidate: RequestId | None = None  # the one being decided on (for rules)
         self._bypasses = 0
@@ -208,6 +216,10 @@ class FeatherPolicy(AdmissionPolicy):
         ctx = self._ctx
         if self.consult == "every":
             consulted = cht.any_shared()
+        elif self.consult == "group":
+            consulted = cht.any_shared() and (
+                state.delta > 0 or not cht.joins_active_group(candidate)
+            )
         else:
             at_stake = self.consult == "always" or (
                 self.consult == "kernel" and ctx.prefix_read_once
@@ -227,6 +239,8 @@ class FeatherPolicy(AdmissionPolicy):
                 shared_tokens=cht.shared_depth() * self.chunk_size,
                 joins_tokens=joins,
                 waiting=cht.num_waiting,
+                groups_running=cht.num_active_groups,
+                joins_group=cht.joins_active_group(candidate),
             )
         )
         self.last_step.decisions.append(
@@ -414,9 +428,19 @@ class FeatherReferencePolicy(FeatherPolicy):
 
 
 class _Window:
-    """The decisions of one step and the steps that followed, until the next decisions."""
+    """The decisions of one step and the steps credited to them."""
 
-    __slots__ = ("all_time_s", "all_tokens", "decisions", "decode_time_s", "decode_tokens", "steps")
+    __slots__ = (
+        "all_time_s",
+        "all_tokens",
+        "decisions",
+        "decode_time_s",
+        "decode_tokens",
+        "first_batch",
+        "first_time_s",
+        "next_key",
+        "steps",
+    )
 
     def __init__(self, decisions: list[tuple[str, Action]]) -> None:
         self.decisions = decisions
@@ -424,15 +448,35 @@ class _Window:
         self.decode_time_s = 0.0
         self.all_tokens = 0  # every step's, prefill included (reward_signal "all-steps")
         self.all_time_s = 0.0
+        self.first_batch = 0  # the first step's batch size and time ("one-step")
+        self.first_time_s = 0.0
         self.steps = 0
+        self.next_key: str | None = None  # the next decision's state (Q-learning's s')
+
+    def add(self, outcome: StepOutcome) -> None:
+        if outcome.prefill_tokens == 0 and outcome.step_time_s > 0:
+            self.decode_tokens += outcome.tokens
+            self.decode_time_s += outcome.step_time_s
+        if self.steps == 0:
+            self.first_batch, self.first_time_s = outcome.batch_size, outcome.step_time_s
+        self.all_tokens += outcome.tokens
+        self.all_time_s += outcome.step_time_s
+        self.steps += 1
 
     def tokens_and_time(self, signal: str) -> tuple[int, float]:
         if signal == "decode":
             return self.decode_tokens, self.decode_time_s
+        if signal == "one-step":
+            return self.first_batch, self.first_time_s
         return self.all_tokens, self.all_time_s
 
 
-REWARD_SIGNALS = ("decode", "all-steps")
+# decode: the paper's; all-steps: prefill steps counted; one-step: the public branch's
+# reference reward, the next step's batch size over its time
+REWARD_SIGNALS = ("decode", "all-steps", "one-step")
+# until-next: a window ends at the next step that decides; horizon: every window runs its
+# reward_horizon steps, overlapping the windows of later decisions
+REWARD_WINDOWS = ("until-next", "horizon")
 
 
 class FeatherLearningPolicy(FeatherPolicy):
@@ -457,8 +501,15 @@ class FeatherLearningPolicy(FeatherPolicy):
         reward_signal: "decode" (the paper's: the window's prefill-free steps) or "all-steps"
             (tokens over the whole window's time, prefill steps included: it charges ADD for
             the prefill it admits and STOP for none until the held-back requests come in) -
-            the alternative measured against the paper's in docs/stop.md.
-        buckets: state bucket edges, `{"batch": [...], "delta_tokens": [...], "w": [...]}`.
+            the alternative measured against the paper's in docs/stop.md; or "one-step" (the
+            public vLLM branch's reference reward: the next step's batch size over its time).
+        reward_window: "until-next" (a window ends at the next step that takes decisions:
+            where decisions come every step, as when the rule is asked at every candidate,
+            each is judged on one step) or "horizon" (every window runs `reward_horizon`
+            steps whatever later decisions do; the windows overlap).
+        buckets: state bucket edges, `{"batch": [...], "delta_tokens": [...], "w": [...]}`,
+            optionally `"groups": [...]` (distinct prefix groups running) and `"joins": true`
+            (whether the candidate joins a running group), see `StateBuckets`.
     """
 
     table_kind: ClassVar[str] = ""
@@ -477,7 +528,8 @@ class FeatherLearningPolicy(FeatherPolicy):
         reward_horizon: int = 16,
         reward_scale_tok_s: float | None = None,
         reward_signal: str = "decode",
-        buckets: dict[str, list[int]] | None = None,
+        reward_window: str = "until-next",
+        buckets: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             seed=seed,
@@ -495,7 +547,12 @@ class FeatherLearningPolicy(FeatherPolicy):
             raise ValueError(
                 f"reward_signal must be one of {', '.join(REWARD_SIGNALS)}, got {reward_signal!r}"
             )
+        if reward_window not in REWARD_WINDOWS:
+            raise ValueError(
+                f"reward_window must be one of {', '.join(REWARD_WINDOWS)}, got {reward_window!r}"
+            )
         self.reward_signal = reward_signal
+        self.reward_window = reward_window
         self.frozen = frozen
         self.reward_horizon = reward_horizon
         self.reward_scale_tok_s = reward_scale_tok_s
@@ -510,7 +567,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.trained_on: dict[str, Any] | None = None
         self.decisions_taken = 0  # delegated decisions, frozen or not
         self._max_throughput = 0.0
-        self._window: _Window | None = None
+        self._windows: list[_Window] = []  # open, oldest first
         self._step_decisions: list[tuple[str, Action]] = []
         self._decided_step = -1
         self._known: dict[str, Action] | None = None  # frozen: state -> greedy action
@@ -522,7 +579,13 @@ class FeatherLearningPolicy(FeatherPolicy):
 
     # ---- deciding and learning -----------------------------------------------------------
     def _decide(self, state: DecisionState) -> Action:
-        key = self.buckets.key(state.batch_size, state.delta_tokens, state.w)
+        key = self.buckets.key(
+            state.batch_size,
+            state.delta_tokens,
+            state.w,
+            groups=state.groups_running,
+            joins=state.joins_group,
+        )
         if self.frozen:
             if self._known is None:
                 self._known = known_actions(self.table)
@@ -538,29 +601,41 @@ class FeatherLearningPolicy(FeatherPolicy):
     def report_step(self, outcome: StepOutcome) -> None:
         decided_now = self._decided_step == self._step and self._step_decisions
         if decided_now:
-            if self._window is not None:
-                self._credit(self._window, next_key=self._step_decisions[0][0])
-            self._window = _Window(self._step_decisions)
+            first_key = self._step_decisions[0][0]
+            for window in self._windows:
+                if window.next_key is None:
+                    window.next_key = first_key
+            if self.reward_window == "until-next":
+                for window in self._windows:
+                    self._credit(window)
+                self._windows = []
+            self._windows.append(_Window(self._step_decisions))
             self._step_decisions = []
-        decode_only = outcome.prefill_tokens == 0 and outcome.step_time_s > 0
-        if outcome.step_time_s > 0 and (decode_only or self.reward_signal == "all-steps"):
-            self._max_throughput = max(self._max_throughput, outcome.throughput_tok_s)
-        window = self._window
-        if window is None:
+        if outcome.step_time_s > 0:
+            if self.reward_signal == "one-step":
+                self._max_throughput = max(
+                    self._max_throughput, outcome.batch_size / outcome.step_time_s
+                )
+            elif outcome.prefill_tokens == 0 or self.reward_signal == "all-steps":
+                self._max_throughput = max(self._max_throughput, outcome.throughput_tok_s)
+        if not self._windows:
             return
-        if decode_only:
-            window.decode_tokens += outcome.tokens
-            window.decode_time_s += outcome.step_time_s
-        window.all_tokens += outcome.tokens
-        window.all_time_s += outcome.step_time_s
-        window.steps += 1
-        if window.steps >= self.reward_horizon:
-            self._credit(window, next_key=None)
-            self._window = None
+        horizon = 1 if self.reward_signal == "one-step" else self.reward_horizon
+        still_open = []
+        for window in self._windows:
+            window.add(outcome)
+            if window.steps >= horizon:
+                self._credit(window)
+            else:
+                still_open.append(window)
+        self._windows = still_open
 
-    def _credit(self, window: _Window, next_key: str | None) -> None:
+    def _credit(self, window: _Window) -> None:
+        next_key = window.next_key
         tokens, seconds = window.tokens_and_time(self.reward_signal)
         if self.frozen or seconds <= 0:
+            # no evidence (no prefill-free step in the window): the choices stay counted as
+            # tried (`pending`), so a state that never yields evidence is not explored forever
             return
         scale = self.reward_scale_tok_s or self._max_throughput
         if scale <= 0:
@@ -639,6 +714,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             "reward_horizon": self.reward_horizon,
             "reward_scale_tok_s": self.reward_scale_tok_s,
             "reward_signal": self.reward_signal,
+            "reward_window": self.reward_window,
             "buckets": self.buckets.to_json(),
             "learner": self._learner_params(),
             "policy_file": self.policy_file,

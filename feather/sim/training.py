@@ -8,12 +8,13 @@
    converged when no visited state's greedy action changed over the last K runs.
 2. Freeze: the saved table is loaded with `frozen=True` (greedy, no updates); its file's
    SHA-256 is recorded in the provenance of every run that uses it.
-3. Evaluate: frozen learner, `feather-static` and FCFS run the held-out workloads, each built
-   with every held-out seed. A workload spec may hold `{seed}` (e.g. `synthetic:...,seed={seed}`):
-   the seed then builds a different workload (token ids, arrival order); a spec without it
-   is the same workload under every seed and is refused when more than one seed is asked for,
-   so error bars over seeds are never zero by construction. If learning does not beat the
-   static rule, the report says so - it is the honest outcome, not a failure.
+3. Evaluate: frozen learner, `feather-static`, `feather-reference` and FCFS run the held-out
+   workloads, each built with every held-out seed. A workload spec may hold `{seed}`
+   (e.g. `synthetic:...,seed={seed}`): the seed then builds a different workload (token
+   ids, arrival order); a spec without it is the same workload under every seed and is
+   refused when more than one seed is asked for, so error bars over seeds are never zero by
+   construction. If learning does not beat the static rule, the report says so - it is the
+   honest outcome, not a failure.
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ def evaluate(
             spec = replace(base, workload=workload_spec, seed=seed)
             static = _throughput(spec, workload, scheduler="feather-static", scheduler_params={})
             fcfs = _throughput(spec, workload, scheduler="fcfs", scheduler_params={})
+            reference = _throughput(
+                spec, workload, scheduler="feather-reference", scheduler_params={}
+            )
             frozen = simulate(
                 replace(
                     spec,
@@ -204,10 +208,13 @@ def evaluate(
                     "seed": seed,
                     "static_tok_s": static,
                     "fcfs_tok_s": fcfs,
+                    "reference_tok_s": reference,
                     "learned_tok_s": learned,
                     "ratio": learned / static,
                     "ratio_to_fcfs": learned / fcfs,
+                    "ratio_to_reference": learned / reference,
                     "static_to_fcfs": static / fcfs,
+                    "reference_to_fcfs": reference / fcfs,
                     "stop_decisions": int(
                         sum(frozen.trace.column("decisions_stop").to_pylist())
                     ),
@@ -226,7 +233,13 @@ def evaluate(
                 "min": min(r[key] for r in mine),
                 "max": max(r[key] for r in mine),
             }
-            for key in ("ratio", "ratio_to_fcfs", "static_to_fcfs")
+            for key in (
+                "ratio",
+                "ratio_to_fcfs",
+                "ratio_to_reference",
+                "static_to_fcfs",
+                "reference_to_fcfs",
+            )
         }
     return {
         "learner": learner,

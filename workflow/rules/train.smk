@@ -16,6 +16,8 @@ rule train_learner:
             + ["--model", config["models"][0]]
             + ["--kernel", training().get("kernel", "paged")]
             + ["--engine-mode", training().get("engine_mode", "vllm")]
+            + [a for k, v in (training().get("params") or {}).items()
+               for a in ("--param", f"{k}={json.dumps(v)}")]
         ),
     log:
         "logs/rl/{hardware}/{learner}.log",
