@@ -214,12 +214,12 @@ class FeatherPolicy(AdmissionPolicy):
                 candidate = sharing[0]
         state = cht.candidate_state(candidate)
         ctx = self._ctx
+        joins_group: bool | None = None  # asked once, where needed
         if self.consult == "every":
             consulted = cht.any_shared()
         elif self.consult == "group":
-            consulted = cht.any_shared() and (
-                state.delta > 0 or not cht.joins_active_group(candidate)
-            )
+            joins_group = cht.joins_active_group(candidate)
+            consulted = cht.any_shared() and (state.delta > 0 or not joins_group)
         else:
             at_stake = self.consult == "always" or (
                 self.consult == "kernel" and ctx.prefix_read_once
@@ -240,7 +240,9 @@ class FeatherPolicy(AdmissionPolicy):
                 joins_tokens=joins,
                 waiting=cht.num_waiting,
                 groups_running=cht.num_active_groups,
-                joins_group=cht.joins_active_group(candidate),
+                joins_group=(
+                    cht.joins_active_group(candidate) if joins_group is None else joins_group
+                ),
             )
         )
         self.last_step.decisions.append(

@@ -116,8 +116,11 @@ class StateBuckets:
         def no_less(x: tuple[int, ...], y: tuple[int, ...]) -> bool:  # x favours STOP >= y
             return all(i >= j for i, j in zip(x, y, strict=True))
 
-        seen = [(f, a) for (f, c), a in ((self._favour(k), a) for k, a in known.items())
-                if c == context]  # fmt: skip
+        seen = []
+        for k, a in known.items():
+            favour, its_context = self._favour(k)
+            if its_context == context:
+                seen.append((favour, a))
         implied_stop = any(a is Action.STOP and no_less(target, f) for f, a in seen)
         contradicted = any(a is Action.ADD and no_less(f, target) for f, a in seen)
         return Action.STOP if implied_stop and not contradicted else Action.ADD
@@ -263,15 +266,16 @@ class QTable(_ActionTable):
                 return self._chosen(key, untried[0])
             if explore:
                 return self._chosen(key, rng.choice(ACTIONS))
-            arms = self.stats[key]
-            tried = [a for a in ACTIONS if arms[a].count]
-            if not tried:  # both chosen, neither credited yet
-                return self._chosen(key, Action.ADD)
-            return self._chosen(key, max(tried, key=lambda a: (arms[a].value, a is Action.ADD)))
+            return self._chosen(key, self._best_credited(key))
+        return self._best_credited(key)
+
+    def _best_credited(self, key: str) -> Action:
+        """The credited action with the highest value; ADD where none is credited yet (both
+        chosen, neither rewarded) or the state is unknown: the choice that cannot starve."""
         arms = self.stats.get(key)
         tried = [a for a in ACTIONS if arms is not None and arms[a].count]
         if not tried:
-            return Action.ADD  # nothing known: the choice that cannot starve anyone
+            return Action.ADD
         return max(tried, key=lambda a: (arms[a].value, a is Action.ADD))
 
     def update(self, key: str, action: Action, reward: float, next_key: str | None) -> None:
