@@ -51,6 +51,8 @@ two requests are in one group when they share their first `group_chunks` chunks 
 shorter than that is keyed by its whole length; a prompt without a full chunk is a group of
 its own). It is kept as a count per group key, updated on admit and deactivate in O(1): what
 a learned policy's state needs to tell a homogeneous running set from a mixed one.
+`group_changes` counts the times a group started or stopped running: a learned policy's
+reward window ends where it moves (the running set's composition changed).
 
 An operation recomputes these along one path (stopping where nothing changed) and for the
 nodes that enter or leave the working set: amortised O(path x log W) with lazy deletion from
@@ -196,6 +198,7 @@ class ChunkedHashTree:
         # prefix groups (see the module docstring): each request's key, active ones counted
         self._group_key: dict[RequestId, Hashable] = {}
         self._active_groups: dict[Hashable, int] = {}
+        self._group_changes = 0
 
     # ---- registering requests ------------------------------------------------------------
     def add_waiting(
@@ -256,7 +259,10 @@ class ChunkedHashTree:
         self._arrival.discard(req_id)
         self._active[req_id] = req
         key = self._group_key[req_id]
-        self._active_groups[key] = self._active_groups.get(key, 0) + 1
+        running = self._active_groups.get(key, 0)
+        self._active_groups[key] = running + 1
+        if not running:
+            self._group_changes += 1
         if self._anchor is None:
             self._anchor = req
         entering: list[_Node] = []  # nodes that join the working set, deepest first
@@ -393,6 +399,12 @@ class ChunkedHashTree:
         """Distinct prefix groups among the active requests (see the module docstring)."""
         return len(self._active_groups)
 
+    @property
+    def group_changes(self) -> int:
+        """Times a prefix group started or stopped running (its first member admitted, its
+        last one finished or preempted): unchanged while the running set's groups are."""
+        return self._group_changes
+
     def joins_active_group(self, req_id: RequestId) -> bool:
         """Whether a waiting request's prefix group already runs (admitting it joins a group
         rather than opening one)."""
@@ -522,6 +534,8 @@ class ChunkedHashTree:
         left = self._active_groups.pop(key) - 1
         if left:
             self._active_groups[key] = left
+        else:
+            self._group_changes += 1
         leaving: list[_Node] = []
         x: _Node | None = req.node
         while x is not None:

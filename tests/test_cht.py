@@ -118,6 +118,10 @@ class CHTMachine(RuleBasedStateMachine):
         self.ref = Reference(CHUNK, self.order, GROUP)
         self.next_id = 0
         self.history: list[list[int]] = []
+        # group_changes' reference: the running groups after the previous step, and how many
+        # groups entered or left that set so far (one operation moves at most one)
+        self.running_groups: set[str] = set()
+        self.group_changes = 0
 
     def _add(self, tokens: list[int]) -> None:
         rid = self.next_id
@@ -282,6 +286,9 @@ class CHTMachine(RuleBasedStateMachine):
         assert self.tree.num_active == len(self.ref.active)
         assert self.tree.num_active_groups == self.ref.active_groups()
         running = {repr(self.ref.group(r)) for r in self.ref.active}
+        self.group_changes += len(running ^ self.running_groups)
+        self.running_groups = running
+        assert self.tree.group_changes == self.group_changes
         for rid in waiting:
             assert self.tree.joins_active_group(rid) == (repr(self.ref.group(rid)) in running)
             assert self.tree.missing(rid) == self.ref.missing(rid)
