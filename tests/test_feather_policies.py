@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections import deque
 from statistics import mean
 
 import pytest
@@ -19,7 +20,12 @@ from feather.policies import (
     StepOutcome,
     create_scheduler,
 )
-from feather.policies.feather import DecisionState, FeatherStaticPolicy, _Window
+from feather.policies.feather import (
+    REWARD_WINDOWS,
+    DecisionState,
+    FeatherStaticPolicy,
+    _Window,
+)
 from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
 
 FEATHER = ("feather-static", "feather-reference", "feather-ucb", "feather-qlearn")
@@ -285,6 +291,54 @@ def test_ucb_and_q_tables_pick_the_better_arm_under_noise() -> None:
     assert greedy_action(UCBTable(), "never-seen") is Action.ADD
 
 
+@pytest.mark.parametrize("table_kind", [UCBTable, QTable])
+def test_confident_greedy_stops_only_where_the_evidence_separates_the_actions(table_kind):
+    """Rewards 0.1 above and below 0.50 (ADD) and 0.51 (STOP) in turn in one state, 0.50
+    and 0.60 in another, 400 of each: the plain greedy choice takes STOP in both, z = 2
+    only where the gap is wider than two standard errors of the difference (UCB's sample
+    means: 0.007; Q-learning's averages over ~19 targets: 0.032)."""
+    plain, confident = table_kind(), table_kind(confidence=2.0)
+    for key, stop_mean in (("close", 0.51), ("apart", 0.60)):
+        for i in range(400):
+            for action, mean_reward in ((Action.ADD, 0.5), (Action.STOP, stop_mean)):
+                reward = mean_reward + (0.1 if i % 2 else -0.1)
+                for table in (plain, confident):
+                    table.update(key, action, reward, None)
+    assert confident.standard_error(confident.stats["close"][Action.ADD]) == pytest.approx(
+        0.1 / 400**0.5 if table_kind is UCBTable else 0.1 * (0.1 / 1.9) ** 0.5, rel=0.01
+    )
+    assert greedy_action(plain, "apart") is Action.STOP
+    assert greedy_action(confident, "apart") is Action.STOP
+    assert greedy_action(confident, "close") is Action.ADD
+    assert greedy_action(plain, "close") is Action.STOP
+    # one credited action is no evidence against the other: ADD
+    lone = table_kind(confidence=2.0)
+    for _ in range(5):
+        lone.update("s", Action.STOP, 0.9, None)
+    assert greedy_action(lone, "s") is Action.ADD
+    assert greedy_action(table_kind(), "s") is Action.ADD
+
+
+def test_confidence_is_saved_with_the_table_and_old_tables_still_load(tmp_path) -> None:
+    trained = make("feather-ucb", seed=1, confidence=1.5)
+    _toy_episodes(trained, 20)
+    data = trained.to_json()
+    assert data["learner"]["confidence"] == 1.5
+    loaded = make("feather-ucb", policy_file=trained.save(tmp_path / "p.json"), frozen=True)
+    assert loaded.table.confidence == 1.5
+    # a table saved before the spread was kept: [count, value] per arm, no confidence
+    data["table"] = {k: {a: v[:2] for a, v in arms.items()} for k, arms in data["table"].items()}
+    del data["learner"]["confidence"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = make("feather-ucb", policy_file=tmp_path / "old.json", frozen=True)
+    assert old.table.confidence == 0.0
+    assert {k: v["action"] for k, v in old.greedy_policy().items()} == {
+        k: v["action"] for k, v in trained.greedy_policy().items()
+    }
+    with pytest.raises(ValueError, match="confidence must be >= 0"):
+        make("feather-qlearn", confidence=-1.0)
+
+
 _KEY = st.tuples(*(st.integers(0, 9) for _ in range(3))).map(lambda t: "b{}|d{}|w{}".format(*t))
 
 
@@ -349,6 +403,29 @@ def test_save_load_round_trips(name: str, tmp_path) -> None:
     assert loaded.to_json() == before  # frozen: no learning
 
 
+def test_a_table_runs_under_the_decision_rule_it_was_trained_with(tmp_path) -> None:
+    """Trained asked at every candidate with held STOPs, deployed with the defaults (asked
+    only where the kernel reads a prefix once, STOP for one step): the file's rule wins, and
+    a file saved before the rule was recorded keeps the constructor's."""
+    trained = make("feather-ucb", seed=1, consult="every", stop_holds="group-change")
+    _toy_episodes(trained, 5)
+    path = trained.save(tmp_path / "p.json")
+    deployed = make("feather-ucb", policy_file=path, frozen=True)
+    assert (deployed.consult, deployed.stop_holds) == ("every", "group-change")
+    assert deployed.params()["stop_holds"] == "group-change"
+    data = json.loads(path.read_text())
+    del data["decision"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = make("feather-ucb", policy_file=tmp_path / "old.json", frozen=True, consult="always")
+    assert (old.consult, old.stop_holds) == ("always", "step")
+    data["decision"] = {"consult": "sometimes"}
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="unknown decision rule"):
+        make("feather-ucb", policy_file=tmp_path / "bad.json", frozen=True)
+    with pytest.raises(ValueError, match="stop_holds must be one of"):
+        make("feather-ucb", stop_holds="forever")
+
+
 def test_policy_file_errors(tmp_path) -> None:
     ucb = make("feather-ucb")
     path = ucb.save(tmp_path / "ucb.json")
@@ -398,8 +475,8 @@ def test_reward_signals_differ_only_in_whether_prefill_steps_count() -> None:
              StepOutcome(8, 40, 0.5))  # fmt: skip
     for signal, expected in (("decode", 0.8), ("all-steps", 0.6), ("one-step", 0.16)):
         policy = make("feather-ucb", reward_scale_tok_s=100.0, reward_signal=signal)
-        window = _Window([("b4|d3|w3", Action.ADD)])
-        policy._windows = [window]
+        window = _Window([("b4|d3|w3", Action.ADD)], policy._totals.snapshot(), 0)
+        policy._windows = deque([window])
         for outcome in steps:
             policy.report_step(outcome)
         if policy._windows:
@@ -439,6 +516,105 @@ def test_a_horizon_window_is_not_cut_short_by_later_decisions() -> None:
         make("feather-ucb", reward_window="forever")
     with pytest.raises(ValueError, match="reward_signal must be one of"):
         make("feather-ucb", reward_signal="makespan")
+
+
+def test_a_lifetime_window_runs_until_a_prefix_group_starts_or_stops_running() -> None:
+    """Decisions at steps 0 and 2, decode at 40 tok/s then 80; a group starts running before
+    step 4 (at 40 tok/s). "lifetime" judges both on the batch they formed, steps 0-3 and 2-3
+    (70 and 80 tok/s), longer than `reward_horizon` (2) and not on step 4; "until-next" cuts
+    the first at step 2 (60), "horizon" runs the second into step 4 (60). A group that
+    starts within a window's first `reward_horizon` steps does not end it (the third)."""
+    slow, fast = StepOutcome(8, 40, 1.0), StepOutcome(8, 80, 1.0)
+    values = {}
+    for window in REWARD_WINDOWS:
+        policy = make("feather-qlearn", reward_scale_tok_s=200.0, reward_horizon=2,
+                      reward_window=window, alpha=1.0, gamma=0.0)  # fmt: skip
+        decide_then_report(policy, "first", slow)
+        policy.report_step(fast)
+        policy._step += 1
+        decide_then_report(policy, "second", fast)
+        policy.report_step(fast)
+        policy._step += 1
+        policy.cht._group_changes += 1  # a new group's first request was admitted
+        decide_then_report(policy, "third", slow)
+        policy.cht._group_changes += 1  # and another's, one step into the third's window
+        policy.report_step(fast)
+        policy._step += 1
+        stats = policy.table.stats
+        values[window] = tuple(
+            stats[k][Action.ADD].value if k in stats else None for k in ("first", "second")
+        )
+        if window == "lifetime":
+            assert "third" not in stats  # one step old: still open, not credited
+            policy.report_step(fast)  # two steps (40 and 80 tok/s), groups changed: closed
+            assert stats["third"][Action.ADD].value == pytest.approx(60 / 200)
+    assert values["lifetime"] == pytest.approx((70 / 200, 80 / 200))
+    assert values["until-next"] == pytest.approx((60 / 200, 80 / 200))
+    assert values["horizon"] == pytest.approx((60 / 200, 80 / 200))
+
+
+def test_lifetime_windows_see_one_running_set_of_groups_on_a_run() -> None:
+    """On a run (4 interleaved groups, random outputs, the rule asked at every candidate),
+    every credited lifetime window (at least one step) spans steps whose running prefix
+    groups are the same."""
+    requests = grouped_requests(4, 6, prefix=64, suffix=5, output_len=lambda i: 2 + i % 7)
+    group_of = {r.req_id: r.group for r in requests}
+    policy = make("feather-ucb", min_share_tokens=32, consult="every", reward_horizon=1,
+                  reward_window="lifetime", reward_scale_tok_s=10.0)  # fmt: skip
+    groups_per_step: list[frozenset[int]] = []
+    credited: list[tuple[int, int]] = []  # (first step, steps)
+
+    def record(p) -> None:
+        groups_per_step.append(
+            frozenset(group_of[r] for r, st_ in p._state.items() if st_.name == "RUNNING")
+        )
+
+    credit = policy._credit
+
+    def spy(window) -> None:
+        first = window.start[4]
+        credited.append((first, window.steps(policy._totals)))
+        credit(window)
+
+    policy._credit = spy
+    run(policy, requests, max_running=6, on_step=record)
+    assert policy.updates > 0 and len(credited) > 5
+    assert any(steps > 1 for _, steps in credited)
+    for first, steps in credited:
+        assert steps >= 1
+        assert len(set(groups_per_step[first : first + steps])) == 1, (first, steps)
+
+
+@pytest.mark.parametrize("holds", ["step", "group-change"])
+def test_a_held_stop_keeps_new_groups_out_until_the_running_groups_change(holds) -> None:
+    """Two groups of 4 (group 0 first, outputs 3-6 steps), 8 slots, the rule asked where a
+    candidate changes the groups and answering STOP the first time a second group could
+    open, ADD after. "step": the table is asked again the next step and group 1 opens then;
+    "group-change": group 1's candidates are held back without asking until group 0 has
+    drained (its last request finished), and then starts a batch of its own."""
+    requests = [ToyRequest(i, [g] * 40 + [100 + i] * 4, output_len=3 + i % 4, group=g)
+                for g in (0, 1) for i in range(4 * g, 4 * g + 4)]  # fmt: skip
+    policy = make("feather-ucb", consult="group", stop_holds=holds)
+    asked: list[tuple[int, DecisionState]] = []
+
+    def scripted(state: DecisionState) -> Action:
+        asked.append((policy._step, state))
+        opens = not state.joins_group
+        first_opening = opens and sum(not st_.joins_group for _, st_ in asked) == 1
+        return Action.STOP if first_opening else Action.ADD
+
+    policy._decide = scripted
+    logs = run(policy, requests, max_running=8)
+    opened = next(i for i, log in enumerate(logs) if 1 in log.groups)
+    opening = [step for step, state in asked if not state.joins_group]
+    stop_step = opening[0]
+    if holds == "step":
+        assert opened == stop_step + 1 and policy.held_stops == 0
+        assert 0 in logs[opened].groups  # mixed: group 0 still runs
+    else:
+        assert opened > stop_step + 1 and policy.held_stops == opened - stop_step - 1
+        assert logs[opened].groups == {1}  # group 0 drained first: the batch stayed homogeneous
+        assert opening == [stop_step]  # not asked while held; group 1 then starts a new batch
 
 
 def test_decision_states_count_running_prefix_groups_and_whether_the_candidate_joins() -> None:

@@ -55,6 +55,7 @@ import hashlib
 import json
 import math
 import random
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -79,6 +80,7 @@ from feather.policies.learning import (
 
 POLICY_FILE_FORMAT = "feather-policy/1"
 CONSULT = ("kernel", "every", "group", "always", "never")
+STOP_HOLDS = ("step", "group-change")  # how long a STOP holds (FeatherPolicy's stop_holds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,14 @@ class FeatherPolicy(AdmissionPolicy):
             opens a group that does not run yet; joining a running group loses nothing, so
             it is a forced ADD), "always" (b >= 2 and delta > 0, whatever the
             kernel) or "never" (Feather without STOP: the CHT's order, every decision ADD).
+        stop_holds: "step" (the default, the paper's reading: a STOP holds the candidate back
+            for this step; the next step asks again) or "group-change" (ours: a STOP stops
+            growing the batch - until a prefix group starts or stops running, every candidate
+            that would cut the shared prefix or open a group is held back without asking the
+            rule, so one decision is one choice between the homogeneous batch and the mixed
+            one, which a learner's lifetime window then judges; candidates that join a
+            running group still come, and the starvation guard still admits the oldest after
+            `max_bypass` admissions).
     """
 
     def __init__(
@@ -137,8 +147,16 @@ class FeatherPolicy(AdmissionPolicy):
         candidate_order: str = "deepest",
         consult: str = "kernel",
         min_share_tokens: int = 256,
+        stop_holds: str = "step",
     ):
         super().__init__(seed=seed)
+        if stop_holds not in STOP_HOLDS:
+            raise ValueError(
+                f"stop_holds must be one of {', '.join(STOP_HOLDS)}, got {stop_holds!r}"
+            )
+        self.stop_holds = stop_holds
+        self._held_at: int | None = None  # the CHT's group_changes when a held STOP began
+        self.held_stops = 0  # candidates held back by an earlier STOP, the rule not asked
         if max_bypass is not None and max_bypass < 1:
             raise ValueError(f"max_bypass must be >= 1 or None, got {max_bypass}")
         if candidate_order not in ORDERS:
@@ -228,23 +246,32 @@ class FeatherPolicy(AdmissionPolicy):
         if not consulted:
             return self._forced(candidate, batch_size, state)
         delta_tokens = state.delta * self.chunk_size
-        joins = (cht.num_chunks(candidate) - cht.missing(candidate)) * self.chunk_size
-        self._candidate = candidate
-        action = self._decide(
-            DecisionState(
-                batch_size,
-                delta_tokens,
-                state.w,
-                ctx.max_running,
-                shared_tokens=cht.shared_depth() * self.chunk_size,
-                joins_tokens=joins,
-                waiting=cht.num_waiting,
-                groups_running=cht.num_active_groups,
-                joins_group=(
-                    cht.joins_active_group(candidate) if joins_group is None else joins_group
-                ),
+        if joins_group is None:
+            joins_group = cht.joins_active_group(candidate)
+        changes_groups = state.delta > 0 or not joins_group
+        if self._held_at is not None and self._held_at != cht.group_changes:
+            self._held_at = None  # the batch the STOP kept has changed: ask again
+        if self._held_at is not None and changes_groups:
+            self.held_stops += 1
+            action = Action.STOP
+        else:
+            joins = (cht.num_chunks(candidate) - cht.missing(candidate)) * self.chunk_size
+            self._candidate = candidate
+            action = self._decide(
+                DecisionState(
+                    batch_size,
+                    delta_tokens,
+                    state.w,
+                    ctx.max_running,
+                    shared_tokens=cht.shared_depth() * self.chunk_size,
+                    joins_tokens=joins,
+                    waiting=cht.num_waiting,
+                    groups_running=cht.num_active_groups,
+                    joins_group=joins_group,
+                )
             )
-        )
+            if action is Action.STOP and self.stop_holds == "group-change" and changes_groups:
+                self._held_at = cht.group_changes
         self.last_step.decisions.append(
             Decision(candidate, batch_size, delta_tokens, state.w, action, forced=False)
         )
@@ -273,6 +300,7 @@ class FeatherPolicy(AdmissionPolicy):
             "candidate_order": self.candidate_order,
             "consult": self.consult,
             "min_share_tokens": self.min_share_tokens,
+            "stop_holds": self.stop_holds,
         }
 
 
@@ -429,56 +457,76 @@ class FeatherReferencePolicy(FeatherPolicy):
         }
 
 
-class _Window:
-    """The decisions of one step and the steps credited to them."""
+class _Totals:
+    """Running sums over every step reported so far; a reward window is the difference
+    between two snapshots, so an open window costs nothing per step."""
 
-    __slots__ = (
-        "all_time_s",
-        "all_tokens",
-        "decisions",
-        "decode_time_s",
-        "decode_tokens",
-        "first_batch",
-        "first_time_s",
-        "next_key",
-        "steps",
-    )
+    __slots__ = ("all_time_s", "all_tokens", "decode_time_s", "decode_tokens", "steps")
 
-    def __init__(self, decisions: list[tuple[str, Action]]) -> None:
-        self.decisions = decisions
+    def __init__(self) -> None:
         self.decode_tokens = 0  # tokens of the steps without prefill
         self.decode_time_s = 0.0
         self.all_tokens = 0  # every step's, prefill included (reward_signal "all-steps")
         self.all_time_s = 0.0
-        self.first_batch = 0  # the first step's batch size and time ("one-step")
-        self.first_time_s = 0.0
         self.steps = 0
-        self.next_key: str | None = None  # the next decision's state (Q-learning's s')
 
     def add(self, outcome: StepOutcome) -> None:
         if outcome.prefill_tokens == 0 and outcome.step_time_s > 0:
             self.decode_tokens += outcome.tokens
             self.decode_time_s += outcome.step_time_s
-        if self.steps == 0:
-            self.first_batch, self.first_time_s = outcome.batch_size, outcome.step_time_s
         self.all_tokens += outcome.tokens
         self.all_time_s += outcome.step_time_s
         self.steps += 1
 
-    def tokens_and_time(self, signal: str) -> tuple[int, float]:
-        if signal == "decode":
-            return self.decode_tokens, self.decode_time_s
+    def snapshot(self) -> tuple[int, float, int, float, int]:
+        return (
+            self.decode_tokens,
+            self.decode_time_s,
+            self.all_tokens,
+            self.all_time_s,
+            self.steps,
+        )
+
+
+class _Window:
+    """The decisions of one step and the steps credited to them (from `start` on)."""
+
+    __slots__ = ("decisions", "first_batch", "first_time_s", "group_changes", "next_key", "start")
+
+    def __init__(
+        self,
+        decisions: list[tuple[str, Action]],
+        start: tuple[int, float, int, float, int],
+        group_changes: int,
+    ) -> None:
+        self.decisions = decisions
+        self.start = start  # `_Totals.snapshot()` before the window's first step
+        self.group_changes = group_changes  # the CHT's count when the decisions took effect
+        self.first_batch = 0  # the first step's batch size and time ("one-step")
+        self.first_time_s = 0.0
+        self.next_key: str | None = None  # the next decision's state (Q-learning's s')
+
+    def steps(self, totals: _Totals) -> int:
+        return totals.steps - self.start[4]
+
+    def tokens_and_time(self, signal: str, totals: _Totals) -> tuple[int, float]:
         if signal == "one-step":
             return self.first_batch, self.first_time_s
-        return self.all_tokens, self.all_time_s
+        decode_tokens, decode_time_s, all_tokens, all_time_s, _ = self.start
+        if signal == "decode":
+            return totals.decode_tokens - decode_tokens, totals.decode_time_s - decode_time_s
+        return totals.all_tokens - all_tokens, totals.all_time_s - all_time_s
 
 
 # decode: the paper's; all-steps: prefill steps counted; one-step: the public branch's
 # reference reward, the next step's batch size over its time
 REWARD_SIGNALS = ("decode", "all-steps", "one-step")
 # until-next: a window ends at the next step that decides; horizon: every window runs its
-# reward_horizon steps, overlapping the windows of later decisions
-REWARD_WINDOWS = ("until-next", "horizon")
+# reward_horizon steps, overlapping the windows of later decisions; lifetime: a window runs
+# at least reward_horizon steps, then while the running set's prefix groups stay as they
+# were (the batch the decisions formed), at most LIFETIME_MAX_STEPS
+REWARD_WINDOWS = ("until-next", "horizon", "lifetime")
+LIFETIME_MAX_STEPS = 4096
 
 
 class FeatherLearningPolicy(FeatherPolicy):
@@ -496,7 +544,9 @@ class FeatherLearningPolicy(FeatherPolicy):
         frozen: act greedily and never update (a policy trained elsewhere, deployed); a state
             the table never saw takes STOP only where the seen states imply it
             (`StateBuckets.generalise`), else ADD.
-        policy_file: load the table from this JSON file (see `save`).
+        policy_file: load the table from this JSON file (see `save`); its bucket edges,
+            learner parameters and decision rule (`consult`, `stop_holds`) replace the ones
+            given here, so a table runs as it was trained.
         reward_horizon: at most this many steps are credited to one step's decisions.
         reward_scale_tok_s: divide throughput by this; None = by the highest throughput (of
             the same signal) seen so far.
@@ -507,11 +557,19 @@ class FeatherLearningPolicy(FeatherPolicy):
             public vLLM branch's reference reward: the next step's batch size over its time).
         reward_window: "until-next" (a window ends at the next step that takes decisions:
             where decisions come every step, as when the rule is asked at every candidate,
-            each is judged on one step) or "horizon" (every window runs `reward_horizon`
-            steps whatever later decisions do; the windows overlap).
+            each is judged on one step), "horizon" (every window runs `reward_horizon`
+            steps whatever later decisions do; the windows overlap) or "lifetime" (a window
+            runs `reward_horizon` steps and then on while the running set holds the same
+            prefix groups: a STOP is judged on the homogeneous batch it kept, an ADD that
+            opened a group on the mixed batch it made, each until a group starts or drains;
+            the minimum keeps an ADD from being judged only on its own prefill when the next
+            group opens a step later; `LIFETIME_MAX_STEPS` bounds it).
         buckets: state bucket edges, `{"batch": [...], "delta_tokens": [...], "w": [...]}`,
             optionally `"groups": [...]` (distinct prefix groups running) and `"joins": true`
             (whether the candidate joins a running group), see `StateBuckets`.
+        confidence: the deployed (greedy) choice is STOP only where STOP's value beats
+            ADD's by more than this many standard errors (0, the default: the higher value
+            wins); see `learning._ActionTable`. Saved with the table.
     """
 
     table_kind: ClassVar[str] = ""
@@ -532,6 +590,8 @@ class FeatherLearningPolicy(FeatherPolicy):
         reward_signal: str = "decode",
         reward_window: str = "until-next",
         buckets: dict[str, Any] | None = None,
+        confidence: float = 0.0,
+        stop_holds: str = "step",
     ) -> None:
         super().__init__(
             seed=seed,
@@ -540,11 +600,14 @@ class FeatherLearningPolicy(FeatherPolicy):
             candidate_order=candidate_order,
             consult=consult,
             min_share_tokens=min_share_tokens,
+            stop_holds=stop_holds,
         )
         if reward_horizon < 1:
             raise ValueError(f"reward_horizon must be >= 1, got {reward_horizon}")
         if reward_scale_tok_s is not None and reward_scale_tok_s <= 0:
             raise ValueError(f"reward_scale_tok_s must be > 0, got {reward_scale_tok_s}")
+        if not confidence >= 0:
+            raise ValueError(f"confidence must be >= 0, got {confidence}")
         if reward_signal not in REWARD_SIGNALS:
             raise ValueError(
                 f"reward_signal must be one of {', '.join(REWARD_SIGNALS)}, got {reward_signal!r}"
@@ -561,6 +624,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.buckets = StateBuckets.from_json(buckets) if buckets else StateBuckets()
         self.rng = random.Random(seed)
         self.table = self._new_table()
+        self.table.confidence = confidence
         self.policy_file: str | None = None
         self.policy_file_sha256: str | None = None
         self.updates = 0
@@ -569,7 +633,8 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.trained_on: dict[str, Any] | None = None
         self.decisions_taken = 0  # delegated decisions, frozen or not
         self._max_throughput = 0.0
-        self._windows: list[_Window] = []  # open, oldest first
+        self._windows: deque[_Window] = deque()  # open, oldest first
+        self._totals = _Totals()
         self._step_decisions: list[tuple[str, Action]] = []
         self._decided_step = -1
         self._known: dict[str, Action] | None = None  # frozen: state -> greedy action
@@ -601,17 +666,30 @@ class FeatherLearningPolicy(FeatherPolicy):
         return action
 
     def report_step(self, outcome: StepOutcome) -> None:
+        windows = self._windows
+        if self.reward_window == "lifetime":
+            # the batch a window's decisions formed is gone once a group started or stopped
+            # running after its first reward_horizon steps (its own prefill, and the ADDs that
+            # complete it, come first); windows open oldest first, with the most steps
+            changes = self.cht.group_changes
+            while (
+                windows
+                and windows[0].steps(self._totals) >= self.reward_horizon
+                and windows[0].group_changes != changes
+            ):
+                self._credit(windows.popleft())
         decided_now = self._decided_step == self._step and self._step_decisions
         if decided_now:
             first_key = self._step_decisions[0][0]
-            for window in self._windows:
+            for window in windows:
                 if window.next_key is None:
                     window.next_key = first_key
             if self.reward_window == "until-next":
-                for window in self._windows:
-                    self._credit(window)
-                self._windows = []
-            self._windows.append(_Window(self._step_decisions))
+                while windows:
+                    self._credit(windows.popleft())
+            windows.append(
+                _Window(self._step_decisions, self._totals.snapshot(), self.cht.group_changes)
+            )
             self._step_decisions = []
         if outcome.step_time_s > 0:
             if self.reward_signal == "one-step":
@@ -620,21 +698,23 @@ class FeatherLearningPolicy(FeatherPolicy):
                 )
             elif outcome.prefill_tokens == 0 or self.reward_signal == "all-steps":
                 self._max_throughput = max(self._max_throughput, outcome.throughput_tok_s)
-        if not self._windows:
-            return
-        horizon = 1 if self.reward_signal == "one-step" else self.reward_horizon
-        still_open = []
-        for window in self._windows:
-            window.add(outcome)
-            if window.steps >= horizon:
-                self._credit(window)
-            else:
-                still_open.append(window)
-        self._windows = still_open
+        if windows and windows[-1].steps(self._totals) == 0:
+            windows[-1].first_batch = outcome.batch_size
+            windows[-1].first_time_s = outcome.step_time_s
+        self._totals.add(outcome)
+        if self.reward_signal == "one-step":
+            horizon = 1
+        elif self.reward_window == "lifetime":
+            horizon = LIFETIME_MAX_STEPS
+        else:
+            horizon = self.reward_horizon
+        # windows open oldest first, so the ones that ran their horizon are at the front
+        while windows and windows[0].steps(self._totals) >= horizon:
+            self._credit(windows.popleft())
 
     def _credit(self, window: _Window) -> None:
         next_key = window.next_key
-        tokens, seconds = window.tokens_and_time(self.reward_signal)
+        tokens, seconds = window.tokens_and_time(self.reward_signal, self._totals)
         if self.frozen or seconds <= 0:
             # no evidence (no prefill-free step in the window): the choices stay counted as
             # tried (`pending`), so a state that never yields evidence is not explored forever
@@ -667,9 +747,12 @@ class FeatherLearningPolicy(FeatherPolicy):
             "policy": self.name,
             "table_kind": self.table_kind,
             "buckets": self.buckets.to_json(),
-            "learner": self._learner_params(),
+            "learner": {"confidence": self.table.confidence, **self._learner_params()},
             "updates": self.updates,
             "trained_on": self.trained_on,
+            # where the table is asked and what a STOP means: a table deployed under another
+            # rule would meet states it never saw and STOPs it never chose
+            "decision": {"consult": self.consult, "stop_holds": self.stop_holds},
             "table": self.table.to_json(),
         }
 
@@ -695,11 +778,19 @@ class FeatherLearningPolicy(FeatherPolicy):
                 f"(policy {data.get('policy')!r}); {self.name!r} needs {self.table_kind!r}"
             )
         self.buckets = StateBuckets.from_json(data["buckets"])
-        self._set_learner_params(data.get("learner", {}))
+        learner = data.get("learner", {})
+        self.table.confidence = float(learner.get("confidence", self.table.confidence))
+        self._set_learner_params(learner)
         self.table.load_json(data["table"])
         self._known = None
         self.updates = int(data.get("updates", 0))
         self.trained_on = data.get("trained_on")
+        decision = data.get("decision", {})  # files saved before it: the constructor's
+        consult = decision.get("consult", self.consult)
+        stop_holds = decision.get("stop_holds", self.stop_holds)
+        if consult not in CONSULT or stop_holds not in STOP_HOLDS:
+            raise ValueError(f"policy file {path}: unknown decision rule {decision}")
+        self.consult, self.stop_holds = consult, stop_holds
         self.policy_file = str(path)
         self.policy_file_sha256 = hashlib.sha256(raw).hexdigest()
 
@@ -718,7 +809,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             "reward_signal": self.reward_signal,
             "reward_window": self.reward_window,
             "buckets": self.buckets.to_json(),
-            "learner": self._learner_params(),
+            "learner": {"confidence": self.table.confidence, **self._learner_params()},
             "policy_file": self.policy_file,
             "policy_file_sha256": self.policy_file_sha256,
             "trained_on": self.trained_on,

@@ -13,7 +13,8 @@ throughput seen so far (then early rewards read high; UCB's exploration term ass
 `UCBTable` - a contextual bandit: per state, UCB1 over the two actions,
   score = mean + c * sqrt(ln N_state / n_action); an untried action is tried first (ADD
   before STOP); ties go to ADD. Deterministic: the seed is not needed.
-`QTable` - tabular Q-learning: Q(s,a) += alpha * (r + gamma * max_a' Q(s',a') - Q(s,a)),
+`QTable` - tabular Q-learning: Q(s,a) += alpha_n * (r + gamma * max_a' Q(s',a') - Q(s,a)),
+  alpha_n = max(alpha, 1/n) at an arm's n-th update (a sample average until 1/n < alpha),
   an untried action first (ADD before STOP: optimism where nothing is known; Feather's
   decision points are few - an offline run may take one - so epsilon alone left STOP untried
   in every state over a whole training), then epsilon-greedy with
@@ -160,13 +161,31 @@ class StateBuckets:
 class _ArmStats:
     count: int = 0
     value: float = 0.0
+    # plain sums of the targets credited (reward, plus gamma x max Q(s') for Q-learning):
+    # their spread says how sure `value` is (`_ActionTable.standard_error`)
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    def credit(self, target: float) -> None:
+        self.count += 1
+        self.total += target
+        self.total_sq += target * target
 
 
 @dataclass
 class _ActionTable:
-    """Per-state statistics of the two actions, and their JSON form (shared by both tables)."""
+    """Per-state statistics of the two actions, and their JSON form (shared by both tables).
+
+    `confidence` (z): the greedy action is STOP only where STOP's value exceeds ADD's by more
+    than z standard errors of their difference, both credited; ADD otherwise, the choice that
+    cannot starve. 0 is the plain greedy choice (the higher value). Asked at every candidate,
+    most states are ones where the two actions come out equal (a candidate that joins a
+    running group): there the plain greedy action flips with the noise from run to run and a
+    frozen table stops on a coin toss.
+    """
 
     stats: dict[str, dict[Action, _ArmStats]] = field(default_factory=dict)
+    confidence: float = 0.0
     # choices not yet credited: a reward arrives steps after its decision, and the same state
     # may be asked again before (every step, when the rule is asked at every candidate);
     # counting only credited choices would try the "untried" action once per step until the
@@ -191,16 +210,48 @@ class _ActionTable:
         if waiting.get(action, 0) > 0:
             waiting[action] -= 1
 
+    def standard_error(self, arm: _ArmStats) -> float:
+        """How far `arm.value` may be from the arm's true value: the targets' standard
+        deviation over sqrt(count) for a sample mean (UCB)."""
+        if arm.count < 2:
+            return math.inf
+        mean = arm.total / arm.count
+        variance = max(0.0, arm.total_sq / arm.count - mean * mean) * arm.count / (arm.count - 1)
+        return math.sqrt(variance / arm.count)
+
+    def greedy(self, key: str) -> Action:
+        """The deployed choice (see `confidence`); ADD in a state never credited."""
+        arms = self.stats.get(key)
+        tried = [a for a in ACTIONS if arms is not None and arms[a].count]
+        if not tried:
+            return Action.ADD
+        if self.confidence <= 0:
+            return max(tried, key=lambda a: (arms[a].value, a is Action.ADD))
+        if len(tried) < 2:
+            return Action.ADD
+        stop, add = arms[Action.STOP], arms[Action.ADD]
+        margin = self.confidence * math.hypot(self.standard_error(stop), self.standard_error(add))
+        return Action.STOP if stop.value - add.value > margin else Action.ADD
+
     def to_json(self) -> dict[str, Any]:
         return {
-            key: {a.value: [arm.count, arm.value] for a, arm in arms.items()}
+            key: {
+                a.value: [arm.count, arm.value, arm.total, arm.total_sq]
+                for a, arm in arms.items()
+            }
             for key, arms in sorted(self.stats.items())
         }
 
     def load_json(self, table: dict[str, Any]) -> None:
+        """Tables saved before the spread was kept ([count, value]) load with none known."""
+
+        def arm(raw: list[float]) -> _ArmStats:
+            count, value, *spread = raw
+            total, total_sq = spread if spread else (0.0, 0.0)
+            return _ArmStats(int(count), float(value), float(total), float(total_sq))
+
         self.stats = {
-            key: {Action(a): _ArmStats(int(c), float(v)) for a, (c, v) in arms.items()}
-            for key, arms in table.items()
+            key: {Action(a): arm(raw) for a, raw in arms.items()} for key, arms in table.items()
         }
 
 
@@ -213,13 +264,7 @@ class UCBTable(_ActionTable):
     def choose(self, key: str, *, greedy: bool, rng: random.Random) -> Action:
         del rng  # UCB is deterministic
         if greedy:
-            arms = self.stats.get(key)
-            if arms is None:
-                return Action.ADD
-            return max(
-                ACTIONS,
-                key=lambda a: (arms[a].value if arms[a].count else -math.inf, a is Action.ADD),
-            )
+            return self.greedy(key)
         arms = self._arms(key)
         pulls = {a: self._pulls(key, a) for a in ACTIONS}
         for action in ACTIONS:
@@ -239,7 +284,7 @@ class UCBTable(_ActionTable):
         del next_key  # a bandit is myopic
         self.settle(key, action)
         arm = self._arms(key)[action]
-        arm.count += 1
+        arm.credit(reward)
         arm.value += (reward - arm.value) / arm.count
 
 
@@ -266,17 +311,17 @@ class QTable(_ActionTable):
                 return self._chosen(key, untried[0])
             if explore:
                 return self._chosen(key, rng.choice(ACTIONS))
-            return self._chosen(key, self._best_credited(key))
-        return self._best_credited(key)
+            return self._chosen(key, self.greedy(key))
+        return self.greedy(key)
 
-    def _best_credited(self, key: str) -> Action:
-        """The credited action with the highest value; ADD where none is credited yet (both
-        chosen, neither rewarded) or the state is unknown: the choice that cannot starve."""
-        arms = self.stats.get(key)
-        tried = [a for a in ACTIONS if arms is not None and arms[a].count]
-        if not tried:
-            return Action.ADD
-        return max(tried, key=lambda a: (arms[a].value, a is Action.ADD))
+    def standard_error(self, arm: _ArmStats) -> float:
+        """A constant step size alpha averages the last ~(2 - alpha) / alpha targets: the
+        targets' standard deviation x sqrt(alpha / (2 - alpha)) (an exponential average's
+        spread), or the sample mean's while fewer targets than that have come."""
+        plain = super().standard_error(arm)
+        if math.isinf(plain) or arm.count * self.alpha <= 2 - self.alpha:
+            return plain
+        return plain * math.sqrt(arm.count * self.alpha / (2 - self.alpha))
 
     def update(self, key: str, action: Action, reward: float, next_key: str | None) -> None:
         target = reward
@@ -284,8 +329,11 @@ class QTable(_ActionTable):
             target += self.gamma * max(arm.value for arm in self.stats[next_key].values())
         self.settle(key, action)
         arm = self._arms(key)[action]
-        arm.count += 1
-        arm.value += self.alpha * (target - arm.value)
+        arm.credit(target)
+        # the first 1/alpha targets are averaged (step 1/n), later ones weighted by alpha: from
+        # a zero start a constant alpha left an arm tried once at a tenth of its reward, so
+        # the rarely tried STOP lost to ADD whatever it earned
+        arm.value += max(self.alpha, 1.0 / arm.count) * (target - arm.value)
 
 
 def greedy_action(table: UCBTable | QTable, key: str) -> Action:

@@ -149,7 +149,8 @@ def _changes(greedy_history: list[dict[str, str]]) -> int:
 
 def _convergence(greedy_history: list[dict[str, str]], k: int) -> dict[str, Any]:
     """Converged: over the last k runs no visited state changed its greedy action and no new
-    state appeared (the final table's actions held for k runs)."""
+    state appeared (the final table's actions held for k runs). Actions converged: no state
+    changed its action over the last k runs, new states allowed (the issue's reading)."""
     final = greedy_history[-1] if greedy_history else {}
     stable_runs = 0
     for earlier in reversed(greedy_history[:-1]):
@@ -157,12 +158,25 @@ def _convergence(greedy_history: list[dict[str, str]], k: int) -> dict[str, Any]
             break
         stable_runs += 1
     last_change = len(greedy_history) - stable_runs  # 1-based run after which nothing changed
+    # the weaker reading: no state seen before changed its action (rare states may still be
+    # found for the first time, taking the default ADD until credited)
+    actions_stable_runs = 0
+    for i in range(len(greedy_history) - 1, 0, -1):
+        before, now = greedy_history[i - 1], greedy_history[i]
+        if any(key in before and before[key] != action for key, action in now.items()):
+            break
+        actions_stable_runs += 1
     return {
         "k": k,
         "runs": len(greedy_history),
         "stable_runs": stable_runs,
         "last_change_run": last_change,
         "converged": len(greedy_history) > k and stable_runs >= k,
+        "actions_stable_runs": actions_stable_runs,
+        "actions_converged": len(greedy_history) > k and actions_stable_runs >= k,
+        "new_states_last_k": (
+            len(set(final) - set(greedy_history[-k - 1])) if len(greedy_history) > k else None
+        ),
     }
 
 
