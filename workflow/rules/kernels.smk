@@ -16,7 +16,7 @@ rule kernels_bench:
         "logs/kernels/{machine}.log",
     threads: all_cores  # alone: it measures time
     resources:
-        mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS, 6 minutes on 2 busy cores
+        mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS, 0.9 minutes (2026-12-04)
         runtime=30,
     conda:
         "../envs/feather.yaml"
