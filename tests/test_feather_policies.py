@@ -280,6 +280,24 @@ def test_learners_converge_to_the_better_arm_on_a_toy_reward(name: str, tmp_path
     assert stop_states
 
 
+def test_a_frozen_table_stops_only_under_the_kind_of_kernel_it_was_trained_on(tmp_path) -> None:
+    """The toy table learns to stop under a kernel that reads the prefix once; recorded as
+    trained on cascade, deployed frozen it stops there, and never on a kernel that reads
+    each request's KV (there every decision is ADD: batches as FCFS's, both groups mixed);
+    trained on a paged kernel, the other way round."""
+    trained = make("feather-ucb", seed=3, consult="always")
+    _toy_episodes(trained, 150)
+    reqs = [ToyRequest(i, [i % 2 + 1] * 32 + [i] * 4, 1, i % 2) for i in range(20)]
+    for kernel, stops_where_read_once in (("cascade", True), ("paged", False)):
+        trained.trained_on = {"kernel": kernel}
+        path = trained.save(tmp_path / f"{kernel}.json")
+        for read_once in (True, False):
+            frozen = make("feather-ucb", policy_file=path, frozen=True)
+            logs = run(frozen, reqs, max_running=20, prefix_read_once=read_once)
+            stopped = len(logs[0].admitted) < 20
+            assert stopped == (read_once == stops_where_read_once), (kernel, read_once)
+
+
 def test_ucb_and_q_tables_pick_the_better_arm_under_noise() -> None:
     rng = random.Random(0)
     for table in (UCBTable(exploration=0.5), QTable(gamma=0.0, epsilon_start=0.3)):

@@ -543,7 +543,9 @@ class FeatherLearningPolicy(FeatherPolicy):
     Parameters (besides FeatherPolicy's):
         frozen: act greedily and never update (a policy trained elsewhere, deployed); a state
             the table never saw takes STOP only where the seen states imply it
-            (`StateBuckets.generalise`), else ADD.
+            (`StateBuckets.generalise`), else ADD; and every decision is ADD where the
+            engine's kernel is not the kind the table was trained on (`trained_on`: cascade,
+            which reads a batch's common prefix once, or one that reads each request's KV).
         policy_file: load the table from this JSON file (see `save`); its bucket edges,
             learner parameters and decision rule (`consult`, `stop_holds`) replace the ones
             given here, so a table runs as it was trained.
@@ -645,7 +647,20 @@ class FeatherLearningPolicy(FeatherPolicy):
         raise NotImplementedError
 
     # ---- deciding and learning -----------------------------------------------------------
+    def _kernel_unlike_training(self) -> bool:
+        """A frozen table learned where the kernel reads a batch's common prefix once
+        (cascade) says nothing of a kernel that reads every request's own KV, and the other
+        way round: where stopping pays is the kernel's (docs/stop.md). Measured: the held
+        UCB table learned on the A100 with cascade, deployed on its paged kernel, ran at
+        0.951x FCFS on the never-worse family's C1 shape."""
+        kernel = (self.trained_on or {}).get("kernel")
+        if not self.frozen or kernel is None:
+            return False
+        return (kernel == "cascade") != self._ctx.prefix_read_once
+
     def _decide(self, state: DecisionState) -> Action:
+        if self._kernel_unlike_training():
+            return Action.ADD  # not the table's regime: the choice that cannot lose sharing
         key = self.buckets.key(
             state.batch_size,
             state.delta_tokens,
