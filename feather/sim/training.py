@@ -161,9 +161,8 @@ def _convergence(greedy_history: list[dict[str, str]], k: int) -> dict[str, Any]
     # the weaker reading: no state seen before changed its action (rare states may still be
     # found for the first time, taking the default ADD until credited)
     actions_stable_runs = 0
-    for i in range(len(greedy_history) - 1, 0, -1):
-        before, now = greedy_history[i - 1], greedy_history[i]
-        if any(key in before and before[key] != action for key, action in now.items()):
+    for end in range(len(greedy_history), 1, -1):
+        if _changes(greedy_history[:end]):
             break
         actions_stable_runs += 1
     return {
