@@ -696,9 +696,10 @@ class FeatherLearningPolicy(FeatherPolicy):
         decided_now = self._decided_step == self._step and self._step_decisions
         if decided_now:
             first_key = self._step_decisions[0][0]
-            for window in windows:
-                if window.next_key is None:
-                    window.next_key = first_key
+            for window in reversed(windows):  # the newest lack a next state, the rest have one
+                if window.next_key is not None:
+                    break
+                window.next_key = first_key
             if self.reward_window == "until-next":
                 while windows:
                     self._credit(windows.popleft())
