@@ -22,12 +22,14 @@ what ran, counted inside the engine, for a run's provenance.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
 from feather.kernels.merge import merge_partials
@@ -153,9 +155,6 @@ def attend_groups(groups: list[_Group], query: torch.Tensor, kv_cache: torch.Ten
         # [P, kv heads, n x per_kv, head dim]: each segment's queries packed per KV head
         qs = q32[group.queries].view(segs, n, kv_heads, per_kv, head_dim)
         qs = qs.permute(0, 2, 1, 3, 4).reshape(segs, kv_heads, rows, head_dim)
-        top = torch.full((segs, kv_heads, rows), float("-inf"))
-        total = torch.zeros((segs, kv_heads, rows))
-        acc = torch.zeros((segs, kv_heads, rows, head_dim))
         for first in range(0, group.blocks.shape[1], chunk_blocks):
             ids = group.blocks[:, first : first + chunk_blocks]  # [P, c]
             c = ids.shape[1]
@@ -167,52 +166,38 @@ def attend_groups(groups: list[_Group], query: torch.Tensor, kv_cache: torch.Ten
             valid = position[None, :] < group.tokens[:, None]  # [P, c x block]
             scores = torch.matmul(qs, k)  # [P, kv heads, rows, c x block]
             scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-            new_top = torch.maximum(top, scores.amax(dim=-1))
-            safe = torch.where(torch.isfinite(new_top), new_top, torch.zeros_like(new_top))
-            weights = torch.exp(scores - safe[..., None])
-            rescale = torch.exp(top - safe)
-            total = total * rescale + weights.sum(dim=-1)
-            acc = acc * rescale[..., None] + torch.matmul(weights, v)
-            top = new_top
-        o = acc / torch.where(total > 0, total, 1.0)[..., None]
-        lse = torch.where(total > 0, top + torch.log(torch.where(total > 0, total, 1.0)),
-                          float("-inf"))
-        # back to one partial per (segment, query): [P x n, heads, head dim]
-        o = o.view(segs, kv_heads, n, per_kv, head_dim).permute(0, 2, 1, 3, 4)
-        lse = lse.view(segs, kv_heads, n, per_kv).permute(0, 2, 1, 3)
-        outs.append(o.reshape(segs * n, heads, head_dim))
-        lses.append(lse.reshape(segs * n, heads))
-        owners.append(group.queries.reshape(-1))
+            # one partial per chunk; a padded segment's empty chunk has lse -inf and is
+            # dropped by the merge
+            lse = torch.logsumexp(scores, dim=-1)
+            o = torch.matmul(torch.exp(scores - lse[..., None]), v)
+            # one partial per (segment, query): [P x n, heads, head dim]
+            o = o.view(segs, kv_heads, n, per_kv, head_dim).permute(0, 2, 1, 3, 4)
+            lse = lse.view(segs, kv_heads, n, per_kv).permute(0, 2, 1, 3)
+            outs.append(o.reshape(segs * n, heads, head_dim))
+            lses.append(lse.reshape(segs * n, heads))
+            owners.append(group.queries.reshape(-1))
     merged, _ = merge_partials(torch.cat(outs), torch.cat(lses), torch.cat(owners), num_seqs)
     return merged.to(query.dtype)
 
 
-_layout_checked: dict[tuple, bool] = {}
-
-
+@functools.cache
 def layout_is_known(isa: str, dtype: torch.dtype, block_size: int, head_dim: int) -> bool:
     """Whether vLLM's cache writer for this ISA lays blocks out as `split_cache` reads them:
     one probe block written by `cpu_attn_reshape_and_cache` and read back (cached)."""
-    key = (isa, dtype, block_size, head_dim)
-    if key not in _layout_checked:
-        import vllm._custom_ops as ops
+    import vllm._custom_ops as ops
 
-        generator = torch.Generator().manual_seed(0)
-        cache = torch.zeros(1, 2, block_size, 2 * head_dim, dtype=dtype)
-        keys = torch.randn(block_size, 2, head_dim, generator=generator).to(dtype)
-        values = torch.randn(block_size, 2, head_dim, generator=generator).to(dtype)
-        halves = cache.view(1, 2, 2 * block_size, head_dim).chunk(2, dim=2)
-        try:
-            ops.cpu_attn_reshape_and_cache(keys, values, halves[0], halves[1],
-                                           torch.arange(block_size), isa)
-        except (RuntimeError, NotImplementedError):
-            _layout_checked[key] = False
-            return False
-        k, v = split_cache(cache)
-        _layout_checked[key] = bool(
-            torch.equal(k[0].permute(2, 0, 1), keys) and torch.equal(v[0].transpose(0, 1), values)
-        )
-    return _layout_checked[key]
+    generator = torch.Generator().manual_seed(0)
+    cache = torch.zeros(1, 2, block_size, 2 * head_dim, dtype=dtype)
+    keys = torch.randn(block_size, 2, head_dim, generator=generator).to(dtype)
+    values = torch.randn(block_size, 2, head_dim, generator=generator).to(dtype)
+    halves = cache.view(1, 2, 2 * block_size, head_dim).chunk(2, dim=2)
+    try:
+        ops.cpu_attn_reshape_and_cache(keys, values, halves[0], halves[1],
+                                       torch.arange(block_size), isa)
+    except (RuntimeError, NotImplementedError):
+        return False
+    k, v = split_cache(cache)
+    return torch.equal(k[0].permute(2, 0, 1), keys) and torch.equal(v[0].transpose(0, 1), values)
 
 
 class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
@@ -227,7 +212,8 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
         """Why this call goes to vLLM's kernel, or None when ours can take it."""
         if meta is None:
             return "warm-up"
-        if self.attn_type != "decoder" or not meta.causal or meta.dynamic_causal is not None:
+        decoder = self.attn_type == AttentionType.DECODER
+        if not decoder or not meta.causal or meta.dynamic_causal is not None:
             return "not causal decoder attention"
         if meta.max_query_len != 1:
             return "prefill in step"
@@ -254,12 +240,10 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
                 value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,
                 output: torch.Tensor, output_scale: torch.Tensor | None = None,
                 output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
-        reason = None
-        if output_scale is None and output_block_scale is None:
-            reason = self._unsupported(layer, attn_metadata, kv_cache)
-        else:
+        if output_scale is not None or output_block_scale is not None:
             reason = "fused output quantization"
-        groups = None
+        else:
+            reason = self._unsupported(layer, attn_metadata, kv_cache)
         if reason is None:
             groups = self._step_groups(attn_metadata, kv_cache.shape[2])
             if groups is None:
