@@ -18,6 +18,7 @@ from feather.cli_values import (
     seed,
     seeds,
 )
+from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
 from feather.profiles import register_profiles
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
 
@@ -442,6 +443,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         dtype=args.dtype,
         cascade_attention=args.cascade_attention,
+        attention=args.attention,
         async_scheduling=args.async_scheduling,
         threads=args.threads,
         model_root=args.model_root,
@@ -899,7 +901,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--max-model-len", type=positive_int, help="default: the workload's longest")
     run.add_argument("--dtype", default="auto", help="auto = float32 on CPU, model dtype on GPU")
-    run.add_argument("--cascade-attention", choices=["default", "on", "off"], default="default")
+    run.add_argument("--cascade-attention", choices=CASCADE_CHOICES, default="default")
+    run.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        default="vllm",
+        help="vllm-cpu: vLLM's CPU_ATTN, or our prefix-aware backend in that mode",
+    )
     run.add_argument("--async-scheduling", action="store_true", help="GPU: async scheduling")
     run.add_argument(
         "--threads",

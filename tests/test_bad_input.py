@@ -860,6 +860,7 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
             "runs",
             "workloads",
             "engine-option",
+            "engine-option-choice",
             "engine-repeats",
             "engine-name",
             "training",
@@ -992,6 +993,8 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
                             "max_model_len",
                             "dtype",
                             "cascade_attention",
+                            "attention",
+                            "threads",
                         )
                     )
                 )
@@ -999,6 +1002,17 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
         }
         exp["engine_runs"] = [engine]
         return exp, ["engine_runs entry 0", "option"]
+    if kind == "engine-option-choice":
+        option, known = draw(
+            st.sampled_from([
+                ("attention", ("vllm", "cascade", "pat")),
+                ("cascade_attention", ("default", "on", "off")),
+            ])
+        )
+        engine["options"] = {option: draw(st.one_of(text.filter(lambda t: t not in known),
+                                                    st.integers()))}
+        exp["engine_runs"] = [engine]
+        return exp, ["engine_runs entry 0", f"option {option}"]
     if kind == "engine-repeats":
         engine["repeats"] = draw(st.one_of(st.integers(max_value=0), text, st.booleans()))
         exp["engine_runs"] = [engine]

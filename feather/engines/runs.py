@@ -7,6 +7,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# vLLM's disable_cascade_attn as `feather run --cascade-attention` sets it
+CASCADE_CHOICES = ("default", "on", "off")
+# the attention backend of a vllm-cpu run: vLLM's own CPU_ATTN, or our prefix-aware subclass
+# in one of its modes (feather.engines.vllm.prefix_attention.MODES)
+ATTENTION_CHOICES = ("vllm", "cascade", "pat")
+
 
 @dataclass(frozen=True)
 class EngineRun:

@@ -303,6 +303,7 @@ def run_cli(args: Any) -> int:
 
     vllm_only = [flag for flag, used in (
         ("--cascade-attention", args.cascade_attention != "default"),
+        ("--attention", args.attention != "vllm"),
         ("--async-scheduling", args.async_scheduling),
     ) if used]
     if vllm_only:

@@ -10,13 +10,16 @@ model runs between the scheduler's schedule() and update_from_output().
 On the step's first call (every layer sees the same batch) it also counts, from the kernel's
 own block table, sequence lengths and query offsets, the decode KV tokens that the request
 before each in the kernel's order does not share (`feather.sim.step_fit.cold_decode_kv_tokens`):
-the step-time fit's homogeneity term, taken where the kernel's order is known.
+the step-time fit's homogeneity term, taken where the kernel's order is known. An attention
+backend that replaces the op on some calls (`prefix_attention`) reports those through `add()`,
+so a step's attention seconds are every layer's, whichever path ran.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,21 +36,36 @@ class StepAttention:
     cold_kv_tokens: int | None
 
 
+def cold_kv_tokens(block_table: Any, query_start_loc: Any, seq_lens: Any,
+                   block_size: int) -> int:
+    """The cold decode KV tokens of one step, from the kernel's metadata tensors."""
+    starts = query_start_loc.tolist()
+    table = block_table.tolist()
+    rows = []
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        new = starts[i + 1] - starts[i]
+        used = -(-seq_len // block_size)
+        rows.append((tuple(table[i][:used]), seq_len - new, new))
+    return cold_decode_kv_tokens(rows, block_size)
+
+
 def kernel_cold_kv_tokens(args: tuple, kwargs: dict[str, Any]) -> int:
     """The cold decode KV tokens of one call of vLLM's op, read from its arguments."""
     names = ("query", "key_cache", "value_cache", "output", "query_start_loc", "seq_lens")
     bound = dict(zip(names, args, strict=False)) | kwargs
     block_table = bound["block_table"] if "block_table" in bound else args[10]
     block_size = int(bound["key_cache"].shape[2])  # [blocks, kv heads, block, head dim]
-    starts = bound["query_start_loc"].tolist()
-    lengths = bound["seq_lens"].tolist()
-    table = block_table.tolist()
-    rows = []
-    for i, seq_len in enumerate(lengths):
-        new = starts[i + 1] - starts[i]
-        used = -(-seq_len // block_size)
-        rows.append((tuple(table[i][:used]), seq_len - new, new))
-    return cold_decode_kv_tokens(rows, block_size)
+    return cold_kv_tokens(block_table, bound["query_start_loc"], bound["seq_lens"], block_size)
+
+
+def add(seconds: float, cold: Callable[[], int]) -> None:
+    """Count one attention call that did not go through vLLM's op (our backend's own path):
+    its seconds, and on the step's first call its cold KV tokens (`cold()`, only then)."""
+    if not _state["installed"]:
+        return
+    if _state["cold"] is None:
+        _state["cold"] = cold()
+    _state["seconds"] += seconds
 
 
 def install() -> bool:

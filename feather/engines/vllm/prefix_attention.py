@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -32,10 +33,12 @@ import torch
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
+from feather.engines.runs import ATTENTION_CHOICES
+from feather.engines.vllm import attention_timer
 from feather.kernels.merge import merge_partials
 from feather.kernels.plan import make_plan
 
-MODES = ("cascade", "pat")
+MODES = tuple(choice for choice in ATTENTION_CHOICES if choice != "vllm")  # ("cascade", "pat")
 ENV = "FEATHER_VLLM_ATTENTION"
 CHUNK_TOKENS = 2048  # KV tokens gathered at once per segment batch (bounds the gather buffer)
 
@@ -59,6 +62,25 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CPU_ATTN, f"{__name__}.PrefixAwareCPUBackend")
+
+
+def use(mode: str) -> None:
+    """Select the attention for the next engine started in this process: `vllm` (vLLM's
+    own CPU_ATTN) or one of MODES. vLLM loads plugins once per process and caches the
+    backend class it resolves (`_cached_get_attn_backend`), so a second session with another
+    mode has to undo both; spawned engine processes read FEATHER_VLLM_ATTENTION instead."""
+    if mode not in ATTENTION_CHOICES:
+        raise ValueError(f"attention {mode!r}: known are {', '.join(ATTENTION_CHOICES)}")
+    from vllm.v1.attention import selector
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    os.environ[ENV] = mode
+    if mode == "vllm":
+        AttentionBackendEnum.CPU_ATTN.clear_override()
+    else:
+        register()
+    selector._cached_get_attn_backend.cache_clear()
+    reset_usage()
 
 
 def usage() -> dict[str, Any]:
@@ -205,7 +227,13 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.mode = mode_from_env() or "cascade"
+        mode = mode_from_env()
+        if mode is None:  # an override left from an earlier engine in this process
+            raise RuntimeError(
+                f"the prefix-aware backend was loaded while {ENV} asks for vLLM's kernel: "
+                "select the attention with prefix_attention.use() before the engine starts"
+            )
+        self.mode = mode
         self._planned: tuple[Any, list[_Group] | None] | None = None
 
     def _unsupported(self, layer: Any, meta: Any, kv_cache: torch.Tensor) -> str | None:
@@ -252,9 +280,16 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
             _usage[f"vllm: {reason}"] += 1
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
+        started = time.perf_counter()
         num = attn_metadata.num_actual_tokens
         q = query[:num].view(num, self.num_heads, self.head_size)
         result = attend_groups(groups, q, kv_cache, self.scale)
         output[:num].view(num, self.num_heads, self.head_size).copy_(result)
         _usage[self.mode] += 1
+        attention_timer.add(
+            time.perf_counter() - started,
+            lambda: attention_timer.cold_kv_tokens(
+                attn_metadata.block_table[:num], attn_metadata.query_start_loc[: num + 1],
+                attn_metadata.seq_lens[:num], kv_cache.shape[2]),
+        )
         return output

