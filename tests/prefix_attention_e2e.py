@@ -28,6 +28,8 @@ if __name__ == "__main__":
                     [(11 * i) % 31000 + 2 for i in range(300)]]
         prompts = [TokensPrompt(prompt_token_ids=prefixes[r % 2] + [100 + r, 200 + r])
                    for r in range(6)]
+        # one request that shares nothing (vLLM's kernel attends it as a sub-batch)
+        prompts.append(TokensPrompt(prompt_token_ids=[(13 * i) % 31000 + 3 for i in range(250)]))
         params = SamplingParams(max_tokens=12, ignore_eos=True, detokenize=False,
                                 temperature=0.0)
         outputs = llm.generate(prompts, params, use_tqdm=False)

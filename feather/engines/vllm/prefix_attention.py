@@ -22,6 +22,7 @@ what ran, counted inside the engine, for a run's provenance.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -109,8 +110,19 @@ class _Group:
     tokens: torch.Tensor  # [P] tokens of each segment
 
 
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One decode step: segment groups for our path, and the requests that share no block
+    with any other (`alone`), which vLLM's own kernel attends as a sub-batch."""
+
+    groups: list[_Group]
+    alone: list[int]
+
+
 def _groups(plan: list, device: torch.device) -> list[_Group]:
-    """Shared segments one group each; all single-query segments batched into one group."""
+    """Shared segments one group each; single-query segments batched into groups of similar
+    length (block counts within a factor of two), so padding never reads more than twice a
+    segment's own blocks: one long unshared request does not pad every short suffix."""
     groups, private = [], []
     for seg in plan:
         if len(seg.queries) > 1:
@@ -123,30 +135,36 @@ def _groups(plan: list, device: torch.device) -> list[_Group]:
             )
         elif seg.tokens > 0:
             private.append(seg)
-    if private:
-        width = max(len(s.blocks) for s in private)
-        blocks = [list(s.blocks) + [s.blocks[0]] * (width - len(s.blocks)) for s in private]
+    buckets: dict[int, list] = {}
+    for seg in private:
+        buckets.setdefault((len(seg.blocks) - 1).bit_length(), []).append(seg)
+    for _, segs in sorted(buckets.items()):
+        width = max(len(s.blocks) for s in segs)
+        blocks = [list(s.blocks) + [s.blocks[0]] * (width - len(s.blocks)) for s in segs]
         groups.append(
             _Group(
-                torch.tensor([[s.queries[0]] for s in private], dtype=torch.long, device=device),
+                torch.tensor([[s.queries[0]] for s in segs], dtype=torch.long, device=device),
                 torch.tensor(blocks, dtype=torch.long, device=device),
-                torch.tensor([s.tokens for s in private], dtype=torch.long, device=device),
+                torch.tensor([s.tokens for s in segs], dtype=torch.long, device=device),
             )
         )
     return groups
 
 
-def step_groups(mode: str, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                block_size: int) -> list[_Group] | None:
-    """The plan of one decode step as segment groups; None when nothing is read once for
-    several queries (then vLLM's kernel is the better one)."""
+def step_plan(mode: str, block_table: torch.Tensor, seq_lens: torch.Tensor,
+              block_size: int) -> StepPlan | None:
+    """The plan of one decode step; None when nothing is read once for several queries
+    (then vLLM's kernel is the better one for the whole step)."""
     lens = seq_lens.tolist()
     width = max((-(-n // block_size) for n in lens), default=0)
     tables = block_table[:, :width].tolist()
     plan = make_plan(mode, tables, lens, block_size)
-    if not any(len(seg.queries) > 1 for seg in plan):
+    shared = {q for seg in plan if len(seg.queries) > 1 for q in seg.queries}
+    if not shared:
         return None
-    return _groups(plan, block_table.device)
+    ours = [seg for seg in plan if seg.queries[0] in shared]
+    alone = [i for i in range(len(lens)) if i not in shared]
+    return StepPlan(_groups(ours, block_table.device), alone)
 
 
 def split_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,13 +178,35 @@ def split_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return k, v
 
 
+_workspace: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _blocks(kv_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Cache blocks `ids` [P, c] as [P x c, ...]: a view where they are one run of
+    consecutive ids (vLLM's allocator hands a fresh prefix out that way), else gathered into
+    a reused workspace (a new buffer per call costs more in page faults than the copy)."""
+    flat = ids.reshape(-1)
+    first = int(flat[0])
+    if bool((flat == torch.arange(first, first + flat.numel())).all()):
+        return kv_cache[first : first + flat.numel()]
+    key = (kv_cache.dtype, kv_cache.device)
+    need = flat.numel() * kv_cache[0].numel()
+    if key not in _workspace or _workspace[key].numel() < need:
+        _workspace[key] = torch.empty(need, dtype=kv_cache.dtype, device=kv_cache.device)
+    out = _workspace[key][:need].view(flat.numel(), *kv_cache.shape[1:])
+    return torch.index_select(kv_cache, 0, flat, out=out)
+
+
 def attend_groups(groups: list[_Group], query: torch.Tensor, kv_cache: torch.Tensor,
                   scale: float, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
     """Decode attention of `query` [seqs, heads, head dim] over the groups' segments, merged
-    per request; float32 inside, query's dtype out."""
+    per request; float32 inside, query's dtype out.
+
+    Blocks are gathered whole (K and V together, one contiguous copy per chunk of a segment's
+    blocks) and attended block by block: scores [P, c, kv heads, rows, block] from each
+    block's transposed K as stored, so no K or V is permuted into another layout."""
     num_seqs, heads, head_dim = query.shape
-    k_cache, v_cache = split_cache(kv_cache)
-    kv_heads, block_size = k_cache.shape[1], k_cache.shape[3]
+    _, kv_heads, block_size, _ = kv_cache.shape
     per_kv = heads // kv_heads
     chunk_blocks = max(1, chunk_tokens // block_size)
     outs, lses, owners = [], [], []
@@ -174,24 +214,25 @@ def attend_groups(groups: list[_Group], query: torch.Tensor, kv_cache: torch.Ten
     for group in groups:
         segs, n = group.queries.shape
         rows = n * per_kv
-        # [P, kv heads, n x per_kv, head dim]: each segment's queries packed per KV head
+        # [P, 1, kv heads, n x per_kv, head dim]: each segment's queries packed per KV head
         qs = q32[group.queries].view(segs, n, kv_heads, per_kv, head_dim)
-        qs = qs.permute(0, 2, 1, 3, 4).reshape(segs, kv_heads, rows, head_dim)
+        qs = qs.permute(0, 2, 1, 3, 4).reshape(segs, 1, kv_heads, rows, head_dim)
         for first in range(0, group.blocks.shape[1], chunk_blocks):
             ids = group.blocks[:, first : first + chunk_blocks]  # [P, c]
             c = ids.shape[1]
-            k = k_cache[ids].float()  # [P, c, kv heads, head dim, block]
-            k = k.permute(0, 2, 3, 1, 4).reshape(segs, kv_heads, head_dim, c * block_size)
-            v = v_cache[ids].float()  # [P, c, kv heads, block, head dim]
-            v = v.permute(0, 2, 1, 3, 4).reshape(segs, kv_heads, c * block_size, head_dim)
-            position = first * block_size + torch.arange(c * block_size)
-            valid = position[None, :] < group.tokens[:, None]  # [P, c x block]
-            scores = torch.matmul(qs, k)  # [P, kv heads, rows, c x block]
-            scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+            gathered = _blocks(kv_cache, ids).float()
+            k, v = split_cache(gathered)  # [P x c, kv heads, head dim, block], [.., block, hd]
+            k = k.view(segs, c, kv_heads, head_dim, block_size)
+            v = v.view(segs, c, kv_heads, block_size, head_dim)
+            position = first * block_size + torch.arange(c * block_size).view(c, block_size)
+            valid = position[None] < group.tokens[:, None, None]  # [P, c, block]
+            scores = torch.matmul(qs, k)  # [P, c, kv heads, rows, block]
+            scores = scores.masked_fill(~valid[:, :, None, None, :], float("-inf"))
             # one partial per chunk; a padded segment's empty chunk has lse -inf and is
             # dropped by the merge
-            lse = torch.logsumexp(scores, dim=-1)
-            o = torch.matmul(torch.exp(scores - lse[..., None]), v)
+            lse = torch.logsumexp(scores.permute(0, 2, 3, 1, 4).flatten(3), dim=-1)
+            weights = torch.exp(scores - lse[:, None, :, :, None])
+            o = torch.matmul(weights, v).sum(dim=1)  # [P, kv heads, rows, head dim]
             # one partial per (segment, query): [P x n, heads, head dim]
             o = o.view(segs, kv_heads, n, per_kv, head_dim).permute(0, 2, 1, 3, 4)
             lse = lse.view(segs, kv_heads, n, per_kv).permute(0, 2, 1, 3)
@@ -234,7 +275,7 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
                 "select the attention with prefix_attention.use() before the engine starts"
             )
         self.mode = mode
-        self._planned: tuple[Any, list[_Group] | None] | None = None
+        self._planned: tuple[Any, StepPlan | None, Any] | None = None
 
     def _unsupported(self, layer: Any, meta: Any, kv_cache: torch.Tensor) -> str | None:
         """Why this call goes to vLLM's kernel, or None when ours can take it."""
@@ -255,14 +296,42 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
             return "unknown cache layout"
         return None
 
-    def _step_groups(self, meta: Any, block_size: int) -> list[_Group] | None:
-        """The step's plan, made on its first layer and kept for the others (same metadata)."""
+    def _step_plan(self, layer: Any, meta: Any, block_size: int,
+                   dtype: torch.dtype) -> tuple[StepPlan | None, Any]:
+        """The step's plan and the metadata of its `alone` sub-batch, made on its first layer
+        and kept for the others (every layer gets the same metadata object)."""
         if self._planned is None or self._planned[0] is not meta:
             num = meta.num_actual_tokens
-            groups = step_groups(self.mode, meta.block_table[:num], meta.seq_lens[:num],
-                                 block_size)
-            self._planned = (meta, groups)
-        return self._planned[1]
+            plan = step_plan(self.mode, meta.block_table[:num], meta.seq_lens[:num],
+                             block_size)
+            alone = None
+            if plan is not None and plan.alone:
+                alone = self._sub_batch(layer, meta, plan.alone, dtype)
+            self._planned = (meta, plan, alone)
+        return self._planned[1], self._planned[2]
+
+    def _sub_batch(self, layer: Any, meta: Any, rows: list[int], dtype: torch.dtype) -> Any:
+        """CPU_ATTN's metadata for the decode requests `rows` alone (one token each)."""
+        import vllm._custom_ops as ops
+        import vllm.envs as envs
+
+        index = torch.tensor(rows, dtype=torch.long)
+        seq_lens = meta.seq_lens.index_select(0, index)
+        starts = torch.arange(len(rows) + 1, dtype=meta.query_start_loc.dtype)
+        scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=len(rows), num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_size, seq_lens=seq_lens, dtype=dtype,
+            query_start_loc=starts, causal=True, sliding_window_size=-1,
+            isa=getattr(layer, "isa", "vec"), enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+            kv_cache_dtype=self.kv_cache_dtype,
+        )
+        return index, dataclasses.replace(
+            meta, num_actual_tokens=len(rows), max_query_len=1,
+            max_seq_len=int(seq_lens.max()), query_start_loc=starts, seq_lens=seq_lens,
+            block_table=meta.block_table.index_select(0, index),
+            slot_mapping=meta.slot_mapping.index_select(0, index),
+            scheduler_metadata=scheduler_metadata,
+        )
 
     def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor,
                 value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,
@@ -273,8 +342,8 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
         else:
             reason = self._unsupported(layer, attn_metadata, kv_cache)
         if reason is None:
-            groups = self._step_groups(attn_metadata, kv_cache.shape[2])
-            if groups is None:
+            plan, alone = self._step_plan(layer, attn_metadata, kv_cache.shape[2], query.dtype)
+            if plan is None:
                 reason = "nothing shared"
         if reason is not None:
             _usage[f"vllm: {reason}"] += 1
@@ -283,13 +352,38 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
         started = time.perf_counter()
         num = attn_metadata.num_actual_tokens
         q = query[:num].view(num, self.num_heads, self.head_size)
-        result = attend_groups(groups, q, kv_cache, self.scale)
+        result = attend_groups(plan.groups, q, kv_cache, self.scale)
         output[:num].view(num, self.num_heads, self.head_size).copy_(result)
-        _usage[self.mode] += 1
         attention_timer.add(
             time.perf_counter() - started,
             lambda: attention_timer.cold_kv_tokens(
                 attn_metadata.block_table[:num], attn_metadata.query_start_loc[: num + 1],
                 attn_metadata.seq_lens[:num], kv_cache.shape[2]),
         )
+        if alone is None:
+            _usage[self.mode] += 1
+            return output
+        # requests that share nothing: vLLM's kernel on their sub-batch (it times itself)
+        index, sub_meta = alone
+        sub_out = output[:num].index_select(0, index)
+        super().forward(layer, query[:num].index_select(0, index), key, value, kv_cache,
+                        sub_meta, sub_out)
+        output[:num].index_copy_(0, index, sub_out)
+        _usage[f"{self.mode} + vllm for requests sharing nothing"] += 1
         return output
+
+
+def standalone_impl(mode: str, heads: int, head_dim: int, kv_heads: int, scale: float,
+                    dtype: torch.dtype) -> PrefixAwareCPUImpl:
+    """Our backend's implementation outside an engine (benchmarks, tests), in `mode`.
+    CPU_ATTN's constructor reads the engine's config only for the model dtype (to choose
+    zentorch for encoder attention, which a decoder never runs); it is answered here."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    config = SimpleNamespace(model_config=SimpleNamespace(dtype=dtype))
+    with mock.patch.dict(os.environ, {ENV: mode}), mock.patch(
+        "vllm.v1.attention.backends.cpu_attn.get_current_vllm_config", return_value=config
+    ):
+        impl = PrefixAwareCPUImpl(heads, head_dim, scale, kv_heads, None, None, "auto")
+    return impl
