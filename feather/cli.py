@@ -657,7 +657,12 @@ def build_parser() -> argparse.ArgumentParser:
     bcpu = benches.add_parser(
         "cpu-attn", help="vLLM's CPU_ATTN kernel: homogeneous vs mixed decode batches (C1)"
     )
-    bcpu.add_argument("--sweep", choices=["quick", "default", "full"], default="default")
+    bcpu.add_argument(
+        "--sweep",
+        choices=["quick", "default", "full", "backends"],
+        default="default",
+        help="backends: our prefix-aware backend (cascade, pat) beside vLLM's kernel",
+    )
     bcpu.add_argument("--threads", type=positive_int, default=1, help="CPU threads (default 1)")
     bcpu.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     bcpu.add_argument("--seed", type=seed, default=0)

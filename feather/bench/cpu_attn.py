@@ -19,6 +19,12 @@ mixed cases ran up to 3x slower than inside the engine.
 
 The effect is cache locality: a group's prefix is read from memory once and then from cache
 by the group's other requests, so it depends on the host's cache sizes (in provenance).
+
+`backends` adds our prefix-aware backend (`feather.engines.vllm.prefix_attention`, modes
+cascade and pat) beside vLLM's kernel: its `forward` as the engine calls it, on the same KV
+pool and block table, each launch planning its step afresh (a step's first layer; later
+layers reuse the plan). `divergent` makes that many requests of a batch share nothing (C2's
+divergent requests: their own full-length prefix); the rest split over the groups.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class Sweep:
     prefixes: tuple[int, ...]
     groups: tuple[int, ...]  # 0 stands for "all distinct" (groups = batch)
     repeats: int
+    backends: tuple[str, ...] = ("vllm",)  # vllm (CPU_ATTN's op), cascade, pat (ours)
+    divergent: tuple[int, ...] = (0,)  # requests sharing nothing, with groups = 1 only
 
     def __post_init__(self) -> None:
         for name in ("batches", "prefixes", "repeats"):
@@ -60,8 +68,16 @@ class Sweep:
             )
         for model in self.models:
             get_model(model)  # an unknown model fails here, naming the known ones
+        from feather.engines.runs import ATTENTION_CHOICES
 
-    def cases(self) -> Iterator[tuple[str, int, int, int]]:
+        unknown = set(self.backends) - set(ATTENTION_CHOICES)
+        if unknown or not self.backends:
+            raise ValueError(f"cpu-attn sweep: backends {sorted(unknown)} are not among "
+                             f"{', '.join(ATTENTION_CHOICES)}")
+
+    def cases(self) -> Iterator[tuple[str, int, int, int, int, str]]:
+        """(model, batch, prefix, groups, divergent, backend); divergent > 0 only in an
+        otherwise homogeneous batch (C2's question)."""
         for model in self.models:
             for batch in self.batches:
                 for prefix in self.prefixes:
@@ -70,7 +86,12 @@ class Sweep:
                         groups = batch if g == 0 else g
                         if groups <= batch and batch % groups == 0 and groups not in seen:
                             seen.add(groups)
-                            yield model, batch, prefix, groups
+                            shapes = [(groups, 0)]
+                            if groups == 1:
+                                shapes += [(1, k) for k in self.divergent if 0 < k < batch]
+                            for shape in shapes:
+                                for backend in self.backends:
+                                    yield model, batch, prefix, *shape, backend
 
 
 SWEEPS = {
@@ -78,7 +99,11 @@ SWEEPS = {
     "default": Sweep(("tiny-llama", "kv-llama", "llama-3.1-8b"), (8, 32), (1024, 4096),
                      (1, 2, 4, 8, 0), 3),
     "full": Sweep(("tiny-llama", "kv-llama", "llama-3.1-8b"), (4, 8, 16, 32), (1024, 4096, 16384),
-                  (1, 2, 4, 8, 16, 0), 7),
+                  (1, 2, 4, 8, 16, 0), 7, ("vllm", "cascade", "pat"), (0, 1, 2, 4)),
+    # our prefix-aware backend against vLLM's kernel (issue 27): C2's divergent requests and
+    # C7's mixed batches, on the KV-bound shape and Llama-3.1-8B's
+    "backends": Sweep(("kv-llama", "llama-3.1-8b"), (16, 32), (4096,), (1, 2, 4, 0), 3,
+                      ("vllm", "cascade", "pat"), (0, 1, 2, 4)),
 }
 
 
@@ -92,20 +117,28 @@ class Layout:
 
 
 def batch_layout(batch: int, prefix_tokens: int, groups: int, block_size: int = BLOCK_SIZE,
-                 suffix_tokens: int = SUFFIX_TOKENS) -> Layout:
+                 suffix_tokens: int = SUFFIX_TOKENS, divergent: int = 0) -> Layout:
     """Requests split evenly over `groups` groups (request r in group r % groups); a group's
-    requests share its prefix blocks, every request has its own suffix blocks."""
+    requests share its prefix blocks, every request has its own suffix blocks. The last
+    `divergent` requests (groups = 1 only) have a prefix of their own instead."""
     if groups < 1 or batch % groups:
         raise ValueError(f"{batch} requests do not split evenly into {groups} groups")
+    if divergent and (groups != 1 or divergent >= batch):
+        raise ValueError(f"{divergent} divergent requests need one group and a larger batch")
     prefix_blocks = prefix_tokens // block_size
     suffix_blocks = -(-suffix_tokens // block_size)
     table = []
+    next_block = groups * prefix_blocks + batch * suffix_blocks
     for r in range(batch):
         g = r % groups
         shared = list(range(g * prefix_blocks, (g + 1) * prefix_blocks))
+        if r >= batch - divergent:
+            shared = list(range(next_block, next_block + prefix_blocks))
+            next_block += prefix_blocks
         own_start = groups * prefix_blocks + r * suffix_blocks
         table.append(shared + list(range(own_start, own_start + suffix_blocks)))
-    return Layout(table, groups * prefix_blocks + batch * suffix_blocks, groups * prefix_blocks)
+    distinct = (groups + divergent) * prefix_blocks
+    return Layout(table, next_block, distinct)
 
 
 def _last_cache_bytes() -> int:
@@ -132,8 +165,47 @@ class _Timer:
         self.flush = torch.ones(2 * _last_cache_bytes() // 4, dtype=torch.float32)
         self.split_kv = split_kv_setting()
 
+    def _launcher(self, backend: str, heads: int, kv_heads: int, head_dim: int, isa: str,
+                  block_table: Any, seq_lens: Any, query_start: Any,
+                  metadata: Any) -> Callable[[Any, Any, Any], None]:
+        """One decode step of one layer on the raw KV pool [blocks, kv heads, block, 2 x
+        head dim]: vLLM's op, or our backend's forward (fresh metadata: it plans anew)."""
+        import vllm._custom_ops as ops
+
+        scale = head_dim**-0.5
+        if backend == "vllm":
+            def launch(query: Any, kv: Any, out: Any) -> None:
+                halves = kv.view(kv.shape[0], kv_heads, 2 * BLOCK_SIZE, head_dim).chunk(2, dim=2)
+                ops.cpu_attention_with_kv_cache(
+                    query, halves[0], halves[1], out, query_start, seq_lens, scale, True, None,
+                    -1, block_table, 0.0, metadata, None,
+                )
+            return launch
+        from types import SimpleNamespace
+
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+
+        from feather.engines.vllm import prefix_attention
+
+        impl = prefix_attention.standalone_impl(backend, heads, head_dim, kv_heads, scale,
+                                                self.dtype)
+        layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
+        batch = len(seq_lens)
+        prefix_attention.reset_usage()
+
+        def launch_ours(query: Any, kv: Any, out: Any) -> None:
+            meta = CPUAttentionMetadata(
+                num_actual_tokens=batch, max_query_len=1, query_start_loc=query_start,
+                max_seq_len=int(seq_lens.max()), seq_lens=seq_lens, block_table=block_table,
+                slot_mapping=self.torch.zeros(batch, dtype=self.torch.long),
+                scheduler_metadata=metadata,
+            )
+            impl.forward(layer, query, query, query, kv, meta, out.view(batch, -1))
+        return launch_ours
+
     def time(self, model: str, batch: int, prefix: int, groups: int, repeats: int,
-             seed: int, pools: int = 3) -> dict[str, Any]:
+             seed: int, pools: int = 3, divergent: int = 0,
+             backend: str = "vllm") -> dict[str, Any]:
         """`repeats` launches (after a warm-up) on each of `pools` freshly allocated KV pools:
         where the pool lands in memory moves a mixed batch's time by up to 2x on this host
         (cache-set conflicts), so one allocation is not a measurement."""
@@ -143,7 +215,7 @@ class _Timer:
         torch = self.torch
         profile = get_model(model)
         heads, kv_heads, head_dim = profile.q_heads, profile.kv_heads, profile.head_dim
-        layout = batch_layout(batch, prefix, groups)
+        layout = batch_layout(batch, prefix, groups, divergent=divergent)
         generator = torch.Generator().manual_seed(seed)
         block_table = torch.tensor(layout.block_table, dtype=torch.int32)
         seq_lens = torch.full((batch,), prefix + SUFFIX_TOKENS, dtype=torch.int32)
@@ -153,23 +225,20 @@ class _Timer:
             batch, heads, kv_heads, head_dim, seq_lens, self.dtype, query_start, True, -1, isa,
             self.split_kv,
         )
+        launch_step = self._launcher(backend, heads, kv_heads, head_dim, isa, block_table,
+                                     seq_lens, query_start, metadata)
         times, pool_medians = [], []
         for _ in range(pools):
             # vLLM's layout: [blocks, kv_heads, block, 2 x head_dim], K and V halves of dim 2
             kv = torch.randn(layout.num_blocks, kv_heads, BLOCK_SIZE, 2 * head_dim,
                              generator=generator, dtype=torch.float32).to(self.dtype)
-            kv = kv.view(layout.num_blocks, kv_heads, 2 * BLOCK_SIZE, head_dim)
-            key_cache, value_cache = kv.chunk(2, dim=2)
             pool_times = []
             for launch in range(repeats + 1):
                 query = torch.randn(batch, heads, head_dim, generator=generator).to(self.dtype)
                 out = torch.empty_like(query)
                 self.flush.sum()  # read, not write: dirty lines would be written back mid-launch
                 started = time.perf_counter()
-                ops.cpu_attention_with_kv_cache(
-                    query, key_cache, value_cache, out, query_start, seq_lens, head_dim**-0.5,
-                    True, None, -1, block_table, 0.0, metadata, None,
-                )
+                launch_step(query, kv, out)
                 elapsed = time.perf_counter() - started
                 if launch:  # the first is the warm-up
                     pool_times.append(elapsed)
@@ -178,31 +247,44 @@ class _Timer:
             times += pool_times
             pool_medians.append(statistics.median(pool_times))
             element = kv.element_size()
-            del kv, key_cache, value_cache
+            del kv
         kv_token_bytes = 2 * kv_heads * head_dim * element  # K and V, one layer
-        distinct_tokens = groups * prefix + batch * SUFFIX_TOKENS
+        distinct_tokens = (groups + divergent) * prefix + batch * SUFFIX_TOKENS
         return {
             "model": model,
             "batch": batch,
             "prefix_tokens": prefix,
             "groups": groups,
+            "divergent": divergent,
+            "backend": backend,
             "isa": isa,
             "split_kv": self.split_kv,
             "seconds": statistics.median(times),
             "seconds_min": min(times),
             "seconds_max": max(times),
             "pool_medians_s": pool_medians,
+            "paths": _paths(backend),  # ours: launches by the path that served them
             "kv_tokens_read": batch * (prefix + SUFFIX_TOKENS),
             "distinct_kv_tokens": distinct_tokens,
             "distinct_kv_bytes": distinct_tokens * kv_token_bytes,
         }
 
 
+def _paths(backend: str) -> dict[str, int]:
+    """Calls of our backend by the path that served them, since the case began."""
+    if backend == "vllm":
+        return {}
+    from feather.engines.vllm import prefix_attention
+
+    return prefix_attention.usage()["calls"]
+
+
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per model, batch and prefix: mixed / homogeneous time at equal batch size; and the
     paper's C1 shape - homogeneous batches of n against one mixed batch of G x n from G groups
     - as a throughput ratio (requests per second of kernel time)."""
-    by = {(r["model"], r["batch"], r["prefix_tokens"], r["groups"]): r for r in rows}
+    by = {(r["model"], r["batch"], r["prefix_tokens"], r["groups"]): r for r in rows
+          if r.get("backend", "vllm") == "vllm" and not r.get("divergent")}
     equal, c1 = [], []
     for (model, batch, prefix, groups), row in sorted(by.items()):
         homog = by.get((model, batch, prefix, 1))
@@ -218,7 +300,27 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
                 "homog_throughput_over_mixed_big": (n / small["seconds"])
                 / (batch / row["seconds"]),
             })
-    return {"distinct_over_homogeneous": equal, "c1": c1}
+    return {"distinct_over_homogeneous": equal, "c1": c1, "backends": backend_ratios(rows)}
+
+
+def backend_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case, our backend's time over vLLM's kernel's (< 1: ours is faster), and each
+    backend's time with k divergent requests over its time with none (C2)."""
+    by = {(r["model"], r["batch"], r["prefix_tokens"], r["groups"], r.get("divergent", 0),
+           r.get("backend", "vllm")): r for r in rows}
+    out = []
+    for (model, batch, prefix, groups, divergent, backend), row in sorted(by.items()):
+        vllm = by.get((model, batch, prefix, groups, divergent, "vllm"))
+        clean = by.get((model, batch, prefix, groups, 0, backend))
+        out.append({
+            "model": model, "batch": batch, "prefix_tokens": prefix, "groups": groups,
+            "divergent": divergent, "backend": backend, "seconds": row["seconds"],
+            "over_vllm": row["seconds"] / vllm["seconds"] if vllm else None,
+            "over_no_divergent": row["seconds"] / clean["seconds"]
+            if clean and divergent else None,
+            "paths": row.get("paths", {}),
+        })
+    return out
 
 
 def run(sweep_name: str = "default", *, threads: int = 1, dtype: str = "float32", seed: int = 0,
@@ -238,11 +340,13 @@ def run(sweep_name: str = "default", *, threads: int = 1, dtype: str = "float32"
     timer = _Timer(dtype)
     cases = list(sweep.cases())
     rows = []
-    for i, (model, batch, prefix, groups) in enumerate(cases):
-        row = timer.time(model, batch, prefix, groups, sweep.repeats, seed + i)
+    for i, (model, batch, prefix, groups, divergent, backend) in enumerate(cases):
+        row = timer.time(model, batch, prefix, groups, sweep.repeats, seed + i,
+                         divergent=divergent, backend=backend)
         rows.append(row)
-        say(f"[{i + 1}/{len(cases)}] {model} batch {batch} prefix {prefix} groups {groups}: "
-            f"{row['seconds'] * 1e3:.2f} ms")
+        shape = f"groups {groups}" + (f" divergent {divergent}" if divergent else "")
+        say(f"[{i + 1}/{len(cases)}] {model} batch {batch} prefix {prefix} {shape} "
+            f"{backend}: {row['seconds'] * 1e3:.2f} ms")
     return {
         "schema": SCHEMA,
         "benchmark": "cpu-attn",
