@@ -183,3 +183,26 @@ def test_engine_runs_tagged_full_run_only_in_the_full_sweep() -> None:
     experiment.engine_templates[0]["sweep"] = "most"
     with pytest.raises(ExperimentError, match="not default or full"):
         expand_engine_runs(experiment, config, {"leval"}, {"vllm": "cpu"})
+
+
+def test_an_attention_list_expands_into_one_engine_start_per_backend() -> None:
+    """experiments/c2.yaml's real-engine runs: each workload under vLLM's kernel, cascade and
+    PAT-style - one job each, distinct run directories and job names, vLLM's own keeping the
+    plain `<workload>__` prefix every reader of run directories knows."""
+    experiment = load_experiment(REPO / "experiments" / "c2.yaml")
+    config = {"schedulers": {"fcfs": {}}, "engines": ["vllm"], "engine_runs": {"sweep": "full"}}
+    batches = expand_engine_runs(experiment, config, {"synthetic"}, {"vllm": "cpu"})
+    assert len(batches) == 12 and len({b.name for b in batches}) == 12
+    dirs = [d for b in batches for d in b.run_dirs()]
+    assert len(dirs) == len(set(dirs)) == 12 * 5
+    by = {(b.workload, b.attention): b for b in batches}
+    assert set(by) == {(f"div{k}_cpu", a) for k in (0, 1, 2, 4) for a in ("vllm", "cascade", "pat")}
+    plain, pat = by[("div1_cpu", "vllm")], by[("div1_cpu", "pat")]
+    assert plain.run_dirs()[0] == "results/cpu/vllm/c2/div1_cpu__batch-16__r0"
+    assert pat.run_dirs()[0] == "results/cpu/vllm/c2/div1_cpu@pat__batch-16__r0"
+    args = pat.cli_args()
+    assert args[args.index("--attention") + 1] == "pat"
+    assert args[args.index("--run-prefix") + 1] == "div1_cpu@pat__"
+    experiment.engine_templates[0]["options"]["attention"] = ["vllm", "flash"]
+    with pytest.raises(ExperimentError, match="option attention 'flash' is not one of"):
+        expand_engine_runs(experiment, config, {"synthetic"}, {"vllm": "cpu"})

