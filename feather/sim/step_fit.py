@@ -112,6 +112,7 @@ class StepTimeFit:
     coefficients: tuple[float, ...]  # in FEATURES order
     source: str  # the file it was read from
     unfitted: tuple[str, ...] = ()  # features the file predates (priced at 0)
+    attention: str = "vllm"  # the engine's attention backend in the runs fitted
 
     def __post_init__(self) -> None:
         if len(self.coefficients) != len(FEATURES):
@@ -182,34 +183,47 @@ def load_fit(path: str | Path) -> tuple[StepTimeFit, dict[str, Any]]:
         coefficients=tuple(float(doc["coefficients"].get(f, 0.0)) for f in FEATURES),
         source=path.name,
         unfitted=FEATURES[len(named) :],
+        attention=str(doc.get("attention", "vllm")),  # files before backends were recorded
     )
     return fit, doc
 
 
+# the simulator's kernel -> the engine's attention backend whose fit prices it: the paged
+# kernel is vLLM's own CPU_ATTN; cascade and pat are our backend's modes inside vLLM
+KERNEL_ATTENTION = {"paged": "vllm", "cascade": "cascade", "pat": "pat"}
+
+
 @dataclass(frozen=True, slots=True)
 class StepTimeFits:
-    """One host's step-time fits, one per model (a fit prices only the model it saw)."""
+    """One host's step-time fits, one per model and attention backend (a fit prices only
+    the model and the backend it saw)."""
 
     fits: tuple[StepTimeFit, ...]
 
     def __post_init__(self) -> None:
-        models = [f.model for f in self.fits]
-        if not models or len(set(models)) != len(models):
-            raise ValueError(f"step-time fits need distinct models, got {models}")
+        keys = [(f.model, f.attention) for f in self.fits]
+        if not keys or len(set(keys)) != len(keys):
+            raise ValueError(f"step-time fits need distinct models and backends, got {keys}")
 
     @property
     def models(self) -> tuple[str, ...]:
-        return tuple(f.model for f in self.fits)
+        return tuple(dict.fromkeys(f.model for f in self.fits))
 
-    def for_model(self, model: str) -> StepTimeFit:
-        """The fit for `model`, or an error saying which models were fitted and how to add one."""
+    def for_model(self, model: str, kernel: str = "paged") -> StepTimeFit:
+        """The fit for `model` under `kernel`'s backend (a simulator kernel, or a backend name
+        as `feather run --attention` takes it), or an error saying which were fitted and how
+        to add one."""
+        attention = KERNEL_ATTENTION.get(kernel, kernel)
         for fit in self.fits:
-            if fit.model == model:
+            if fit.model == model and fit.attention == attention:
                 return fit
         first = self.fits[0]
+        known = ", ".join(f"{f.model} ({f.attention})" for f in self.fits)
+        suffix = model if attention == "vllm" else f"{model}-{attention}"
         raise ValueError(
             f"the cpu step-time fits ({', '.join(f.source for f in self.fits)}) were measured "
-            f"with {', '.join(self.models)} on {first.engine}; they cannot price {model}: fit "
-            f"runs of {model} (feather calibrate cpu-step ... --out "
-            f"feather/sim/data/calibration/cpu-vllm-step-fit-{model}.json)"
+            f"with {known} on {first.engine}; they cannot price {model} under the {kernel} "
+            f"kernel: fit runs of {model} with `feather run --attention {attention}` "
+            f"(feather calibrate cpu-step ... --out "
+            f"feather/sim/data/calibration/cpu-vllm-step-fit-{suffix}.json)"
         )
