@@ -19,6 +19,7 @@ from feather.cli_values import (
     seeds,
 )
 from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
+from feather.kernels.plan import KERNELS
 from feather.profiles import register_profiles
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
 
@@ -803,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--hardware", required=True, help="hardware profile, e.g. a100-80gb")
     sim.add_argument("--model", required=True, help="model profile, e.g. llama-3.1-8b")
-    sim.add_argument("--kernel", choices=["paged", "cascade", "pat"], default="paged")
+    sim.add_argument("--kernel", choices=KERNELS, default="paged")
     sim.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
     sim.add_argument("--seed", type=seed, default=0)
     sim.add_argument("--max-num-seqs", type=positive_int, default=256)
@@ -873,7 +874,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--param", action="append", metavar="KEY=VALUE", help="learner parameter")
     tr.add_argument("--hardware", required=True)
     tr.add_argument("--model", required=True)
-    tr.add_argument("--kernel", choices=["paged", "cascade", "pat"], default="paged")
+    tr.add_argument("--kernel", choices=KERNELS, default="paged")
     tr.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
     tr.add_argument("--max-num-seqs", type=int, default=256)
     tr.add_argument("--max-num-batched-tokens", type=int, default=8192)

@@ -17,8 +17,7 @@ import matplotlib.pyplot as plt
 
 from feather.atomic import atomic_target
 from feather.figure_style import label_points, legend_beside
-
-KERNELS = ("paged", "cascade", "pat")
+from feather.kernels.plan import KERNELS
 
 
 def _source(doc: dict[str, Any], implementation: str) -> str:

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
+from feather.kernels.plan import KERNELS
 from feather.sim.sched_measured import COST_MODELS
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
@@ -439,7 +440,6 @@ def _check_workload_options(spec: str, kind: str, options: str) -> None:
         raise ExperimentError(f"workload {spec!r}: min is larger than max")
 
 
-KERNELS = ("paged", "cascade", "pat")
 ENGINE_MODES = ("vllm", "sglang")
 # `feather run` flags an engine_runs entry's options may set (each becomes --key value)
 ENGINE_RUN_OPTIONS = {

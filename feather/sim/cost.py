@@ -27,6 +27,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from feather.batch_tree import BatchTree
+from feather.kernels.plan import KERNELS
 from feather.models import ModelProfile
 from feather.sim.batch import BatchStep
 from feather.sim.hardware import HardwareProfile
@@ -39,7 +40,6 @@ from feather.sim.l2 import (
     fast_l2,
 )
 
-KERNELS = ("paged", "cascade", "pat")
 L2_MODES = ("fast", "exact", "off")
 
 _BF16_BYTES = 2  # weights, KV, activations and logits (the models' dtype)

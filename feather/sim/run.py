@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 import feather
+from feather.kernels.plan import KERNELS
 from feather.metrics import latency_summary
 from feather.models import get_model
 from feather.policies import AdmissionPolicy, create_engine_policy, create_vllm_policy
@@ -40,8 +41,6 @@ from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL
 from feather.telemetry import not_applicable
 from feather.workloads import Workload, load_workload
 from feather.workloads.regime import regime_fields, shared_prefix_tokens_of
-
-KERNELS = ("paged", "cascade", "pat")
 
 
 @dataclass(frozen=True)
