@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from feather.engines.runs import ATTENTION_CHOICES
 from feather.models import get_model
 from feather.provenance import collect_provenance, cpu_caches
 
@@ -68,8 +69,6 @@ class Sweep:
             )
         for model in self.models:
             get_model(model)  # an unknown model fails here, naming the known ones
-        from feather.engines.runs import ATTENTION_CHOICES
-
         unknown = set(self.backends) - set(ATTENTION_CHOICES)
         if unknown or not self.backends:
             raise ValueError(f"cpu-attn sweep: backends {sorted(unknown)} are not among "

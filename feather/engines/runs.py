@@ -14,6 +14,11 @@ CASCADE_CHOICES = ("default", "on", "off")
 ATTENTION_CHOICES = ("vllm", "cascade", "pat")
 
 
+def is_our_backend(backend_class: str) -> bool:
+    """Whether an engine's attention backend class is our prefix-aware one, not vLLM's."""
+    return str(backend_class).startswith("feather.")
+
+
 def run_attention(summary: dict[str, Any]) -> str | None:
     """A real engine run's attention as the engine loaded it: `vllm` (vLLM's own backend) or
     our prefix-aware backend's mode; None for the simulator (its `kernel` says) and for runs
@@ -21,8 +26,7 @@ def run_attention(summary: dict[str, Any]) -> str | None:
     record = summary.get("attention")
     if not isinstance(record, dict):
         return None
-    ours = str(record.get("backend_class", "")).startswith("feather.")
-    return record.get("requested") if ours else "vllm"
+    return record.get("requested") if is_our_backend(record.get("backend_class", "")) else "vllm"
 
 
 @dataclass(frozen=True)

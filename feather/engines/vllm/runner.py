@@ -25,7 +25,12 @@ from typing import Any
 import pyarrow as pa
 
 from feather.engines.model_dir import model_directory
-from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES, EngineRun
+from feather.engines.runs import (
+    ATTENTION_CHOICES,
+    CASCADE_CHOICES,
+    EngineRun,
+    is_our_backend,
+)
 from feather.engines.vllm import attention_timer
 from feather.engines.vllm.compat import let_vllm_scan_llvmlite
 from feather.memory import check_fits
@@ -378,7 +383,7 @@ class VllmSession:
 
     def _attention_calls(self) -> dict[str, int] | None:
         """Our backend's calls by path since the last call (None: it is not loaded)."""
-        if not self.facts["attention_backend_class"].startswith("feather."):
+        if not is_our_backend(self.facts["attention_backend_class"]):
             return None
         from feather.engines.vllm import prefix_attention
 
