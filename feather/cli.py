@@ -912,7 +912,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--attention",
         choices=ATTENTION_CHOICES,
         default="vllm",
-        help="vllm-cpu: vLLM's CPU_ATTN, or our prefix-aware backend in that mode",
+        help="vLLM's own backend, or our prefix-aware subclass of it in that mode "
+        "(vllm-cpu: CPU_ATTN; CUDA: TRITON_ATTN with our Triton kernel)",
     )
     run.add_argument("--async-scheduling", action="store_true", help="GPU: async scheduling")
     run.add_argument(

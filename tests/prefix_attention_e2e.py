@@ -16,10 +16,10 @@ if __name__ == "__main__":
     from vllm.inputs import TokensPrompt
 
     from feather.engines.model_dir import model_directory
-    from feather.engines.vllm import prefix_attention
+    from feather.engines.vllm import attention_plugin
     from feather.models import get_model
 
-    prefix_attention.register()  # what the entry point does in a spawned engine
+    attention_plugin.register()  # what the entry point does in a spawned engine
     with tempfile.TemporaryDirectory() as tmp:
         llm = LLM(model=str(model_directory(get_model("tiny-llama"), tmp)), load_format="dummy",
                   skip_tokenizer_init=True, enable_prefix_caching=True, dtype="float32",
@@ -37,5 +37,5 @@ if __name__ == "__main__":
         runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
         backend_cls = runner.model_runner.attn_groups[0][0].backend
         backend = f"{backend_cls.__module__}.{backend_cls.__qualname__}"
-    result = {"tokens": tokens, "usage": prefix_attention.usage(), "backend": backend}
+    result = {"tokens": tokens, "usage": attention_plugin.usage(), "backend": backend}
     print(MARKER + json.dumps(result), flush=True)  # vLLM logs to stdout too

@@ -18,6 +18,7 @@ import vllm._custom_ops as ops
 from hypothesis import given, settings
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata, _get_attn_isa
 
+from feather.engines.vllm import attention_plugin as plugin
 from feather.engines.vllm import prefix_attention as pa
 
 BLOCK = 32
@@ -56,9 +57,9 @@ def _forward(mode, query, kv_cache, meta, isa, scale):
     impl = pa.standalone_impl(mode, heads, head_dim, kv_cache.shape[1], scale, query.dtype)
     layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
     output = torch.full((len(query), heads * head_dim), float("nan"), dtype=query.dtype)
-    pa.reset_usage()
+    plugin.reset_usage()
     impl.forward(layer, query, query, query, kv_cache, meta, output)
-    return output.view_as(query), pa.usage()["calls"]
+    return output.view_as(query), plugin.usage()["calls"]
 
 
 def _run_both(tables, lens, num_blocks, dtype, mode, heads=4, kv_heads=2, seed=0):
@@ -93,7 +94,7 @@ def _run_both(tables, lens, num_blocks, dtype, mode, heads=4, kv_heads=2, seed=0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("mode", pa.MODES)
+@pytest.mark.parametrize("mode", plugin.MODES)
 @settings(max_examples=40, deadline=None)
 @given(batch=decode_batches())
 def test_matches_vllms_cpu_kernel(batch, mode, dtype):
@@ -150,19 +151,19 @@ def test_register_overrides_cpu_attn_only_when_a_mode_is_asked(monkeypatch):
 
     backend = AttentionBackendEnum.CPU_ATTN
     backend.clear_override()
-    monkeypatch.delenv(pa.ENV, raising=False)
-    pa.register()
+    monkeypatch.delenv(plugin.ENV, raising=False)
+    plugin.register()
     assert not backend.is_overridden()
-    monkeypatch.setenv(pa.ENV, "pat")
+    monkeypatch.setenv(plugin.ENV, "pat")
     try:
-        pa.register()
+        plugin.register()
         assert backend.get_class() is pa.PrefixAwareCPUBackend
         assert backend.get_class().get_impl_cls() is pa.PrefixAwareCPUImpl
     finally:
         backend.clear_override()
-    monkeypatch.setenv(pa.ENV, "flash")
+    monkeypatch.setenv(plugin.ENV, "flash")
     with pytest.raises(ValueError, match="known modes"):
-        pa.register()
+        plugin.register()
 
 
 def _engine_run(mode: str, tmp_path) -> dict:
@@ -173,7 +174,7 @@ def _engine_run(mode: str, tmp_path) -> dict:
     from pathlib import Path
 
     script = Path(__file__).with_name("prefix_attention_e2e.py")
-    env = os.environ | {pa.ENV: mode}
+    env = os.environ | {plugin.ENV: mode}
     done = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, text=True,
                           capture_output=True, timeout=600, check=True)
     line = next(x for x in done.stdout.splitlines() if x.startswith("FEATHER-RESULT "))
@@ -199,3 +200,16 @@ def test_inside_real_vllm_the_backend_decodes_what_vllms_kernel_decodes(tmp_path
     }
     assert runs["cascade"]["usage"]["calls"] == {"vllm: nothing shared": layers * decode_steps,
                                                  "vllm: prefill in step": layers}
+
+
+def test_the_gather_workspace_serves_calls_in_and_out_of_inference_mode():
+    """The engine attends under inference mode; a benchmark or test in the same process may
+    not: a workspace made by the first must stay writable for the second (and back)."""
+    pa._workspace.clear()
+    kv_cache = torch.randn(4, 2, BLOCK, 8)
+    scattered = torch.tensor([[2], [0]])  # not one run of ids: gathered into the workspace
+    with torch.inference_mode():
+        inside = pa._blocks(kv_cache, scattered).clone()
+    outside = pa._blocks(kv_cache, scattered)
+    assert torch.equal(inside, outside)
+    assert torch.equal(outside, kv_cache[[2, 0]])

