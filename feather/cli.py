@@ -20,7 +20,6 @@ from feather.cli_values import (
 )
 from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
 from feather.kernels.plan import KERNELS
-from feather.profiles import register_profiles
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
 
 
@@ -375,9 +374,12 @@ def _parse_params(items: list[str] | None, scheduler: str) -> dict:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from feather.models import register_model_profiles
+    from feather.sim.hardware import register_hardware_profiles
     from feather.sim.run import SimulationSpec, simulate, stderr_progress, write_run
 
-    register_profiles(args.hardware_profile, args.model_profile)
+    register_hardware_profiles(args.hardware_profile)
+    register_model_profiles(args.model_profile)
     params = _parse_params(args.param, args.scheduler)
     spec = SimulationSpec(
         workload=args.workload,
@@ -428,9 +430,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         required_model_len,
         write_vllm_run,
     )
+    from feather.models import register_model_profiles
     from feather.workloads import load_workload
 
-    register_profiles(None, args.model_profile)
+    register_model_profiles(args.model_profile)
     runs = engine_runs(args.scheduler, args.seed, args.repeats)  # checked against the classes
     workload = load_workload(args.workload)
     if not workload.requests:

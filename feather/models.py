@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from feather.profile_fields import register_from_json
+
 
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
@@ -65,6 +67,12 @@ def register_model(profile: ModelProfile) -> None:
             f"({field_differences(existing, profile)}); give your profile a new name"
         )
     _MODELS[profile.name] = profile
+
+
+def register_model_profiles(texts: list[str] | None, where: str = "--model-profile") -> None:
+    """User model profiles given as JSON objects of ModelProfile's fields, checked and
+    registered; `where` names the input in the errors."""
+    register_from_json(texts, ModelProfile, register_model, where)
 
 
 for _profile in (

@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 
 from feather.bench.cpu_attn import batch_layout
 from feather.engines.vllm.attention_timer import kernel_cold_kv_tokens
+from feather.kernels.traffic import cold_decode_kv_tokens
 from feather.models import get_model
 from feather.sim.batch import BatchStep, SeqStep
 from feather.sim.cost import step_cost
 from feather.sim.hardware import CPU_STEP_FIT, cpu_profile, get_hardware
 from feather.sim.run import SimulationSpec, simulate
 from feather.sim.step_calibration import CalibrationInputError, calibrate
-from feather.sim.step_fit import FEATURES, cold_decode_kv_tokens, load_fit, step_features
+from feather.sim.step_fit import FEATURES, load_fit, step_features
 
 HOLDOUT = Path(__file__).parent / "fixtures" / "cpu_step_holdout.parquet"
 TINY = get_model("tiny-llama")

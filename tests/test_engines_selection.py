@@ -2,7 +2,7 @@
 
 import pytest
 
-from feather.pipeline.engines import ENGINES, EngineSpec, EngineUnavailableError, select_engines
+from feather.engines.selection import ENGINES, EngineSpec, EngineUnavailableError, select_engines
 
 TABLE = {
     "sim": EngineSpec("sim", needs_gpu=False, description="simulator"),

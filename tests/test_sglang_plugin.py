@@ -70,7 +70,7 @@ def test_the_plugin_registers_through_sglangs_entry_point_loader(probe: dict) ->
 
 def test_without_a_setting_the_plugin_registers_nothing(sglang_python: Path) -> None:
     script = (
-        "from feather.overhead.sglang_env import SGLangAPI; SGLangAPI()\n"
+        "from feather.engines.sglang.api import SGLangAPI; SGLangAPI()\n"
         "from feather.engines.sglang.probe import entry_point_check\n"
         "import json; print(json.dumps(entry_point_check()))\n"
     )

@@ -28,7 +28,7 @@ def _run_args(tmp_path: Path) -> list[str]:
 
 
 def test_without_a_gpu_it_fails_before_reading_anything(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr("feather.pipeline.gpu.attached_gpus", lambda: [])
+    monkeypatch.setattr("feather.engines.gpu.attached_gpus", lambda: [])
     assert main(_run_args(tmp_path)) == 2
     err = capsys.readouterr().err
     assert "needs a CUDA GPU and none is attached" in err
@@ -41,7 +41,7 @@ def test_vllm_only_options_are_refused(tmp_path, capsys) -> None:
 
 
 def test_with_a_gpu_but_no_sglang_it_says_so(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr("feather.pipeline.gpu.attached_gpus", lambda: ["NVIDIA H200"])
+    monkeypatch.setattr("feather.engines.gpu.attached_gpus", lambda: ["NVIDIA H200"])
     real_version = metadata.version
 
     def version(name: str) -> str:
@@ -128,7 +128,7 @@ def test_requests_missing_from_the_records_are_an_error() -> None:
 
 
 def test_the_pipeline_skips_sglang_with_the_reason_where_it_cannot_run(monkeypatch) -> None:
-    from feather.pipeline import engines
+    from feather.engines import selection as engines
 
     runnable, skipped = engines.select_engines(["sim", "sglang"], gpus=[])
     assert runnable == ["sim"] and len(skipped) == 1 and "engine sglang" in skipped[0]

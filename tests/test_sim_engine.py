@@ -271,7 +271,7 @@ TestPoolAgainstReference.settings = settings(
 
 
 def test_fixed_batches_drain_one_batch_before_the_next() -> None:
-    from feather.sim.batches import FixedBatchesPolicy, plan_batches
+    from feather.policies.fixed_batches import FixedBatchesPolicy, plan_batches
 
     w = load_workload(
         "synthetic:groups=3,per_group=6,prefix=64,suffix=8,output=5,order=shuffled,seed=5"
@@ -299,7 +299,7 @@ def test_fixed_batches_drain_one_batch_before_the_next() -> None:
 
 
 def test_c2_workload_puts_k_divergent_requests_in_one_batch() -> None:
-    from feather.sim.batches import plan_batches
+    from feather.policies.fixed_batches import plan_batches
 
     w = load_workload("synthetic:groups=1,per_group=100,prefix=256,suffix=16,unshared=0.03")
     (batch,) = plan_batches(w.requests, "mixed", 100)

@@ -1,16 +1,21 @@
-"""The package's shape stays as designed: no import circles inside `feather/`, and the kernels
-never reach into the simulator.
+"""The package's shape stays as designed: no import circles inside `feather/`; the core (the
+CHT, the policies, the workloads) reaches no engine, simulator, pipeline, benchmark or CLI;
+the engines are a leaf below the pipeline, the simulator and the CLI; the kernels never reach
+into the simulator.
 
 Imports are read from the source (ast), not by importing: every `import` / `from ... import`
 counts wherever it stands - inside functions too, since a lazy import is still a dependency -
 except under `if TYPE_CHECKING:`, which never runs. An edge goes to the most specific module
 named: `from feather.sim import l2` is an edge to `feather.sim.l2`, `from feather.sim.l2
 import fast_l2` one to `feather.sim.l2`. A package's `__init__` is the module `feather.x`.
+`dependency_graph` adds the modules a file names in strings (`"feather.policies.fcfs:FCFSPolicy"`,
+a dotted scheduler class): an import by name is an edge no import statement shows.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +84,39 @@ def imported_modules(path: Path, modules: dict[str, Path], root: Path = PACKAGE_
 def import_graph(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
     modules = package_modules(root)
     return {name: imported_modules(path, modules, root) for name, path in modules.items()}
+
+
+_DOTTED = re.compile(r"^feather(?:\.[A-Za-z_]\w*)+")
+
+
+def string_references(path: Path, modules: dict[str, Path], root: Path = PACKAGE_ROOT) -> set[str]:
+    """The package's modules this file names in string constants (`feather.x.y`, `...:Class`,
+    `feather.x.y.Class`), each resolved to the most specific module."""
+    name = module_name(path, root)
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            match = _DOTTED.match(node.value.strip())
+            target = match.group(0) if match else ""
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def dependency_graph(root: Path = PACKAGE_ROOT) -> dict[str, set[str]]:
+    """Imports and string references together."""
+    modules = package_modules(root)
+    return {
+        name: imported_modules(path, modules, root) | string_references(path, modules, root)
+        for name, path in modules.items()
+    }
+
+
+def in_layer(module: str, layers: tuple[str, ...]) -> bool:
+    """Whether `module` is one of `layers` or inside one (`feather.cli` is not `cli_values`)."""
+    return any(module == layer or module.startswith(layer + ".") for layer in layers)
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -171,7 +209,25 @@ def test_type_checking_imports_and_relative_imports(tmp_path: Path) -> None:
     assert import_cycles(graph) == []
 
 
+def test_a_class_named_by_a_string_is_an_edge(tmp_path: Path) -> None:
+    pkg = _write_package(tmp_path, {
+        "__init__.py": "",
+        "core.py": 'TABLE = {"x": "feather.sim.batches:Fixed", "doc": "see feather/sim"}\n',
+        "sim/__init__.py": "",
+        "sim/batches.py": "class Fixed: ...\n",
+    })
+    graph = dependency_graph(pkg)
+    assert graph["feather.core"] == {"feather.sim.batches"}  # a path with slashes is prose
+    assert import_graph(pkg)["feather.core"] == set()
+
+
 # ---- the package
+
+CORE = ("feather.cht", "feather.chunk_hash", "feather.policies", "feather.workloads")
+ABOVE_THE_CORE = ("feather.engines", "feather.sim", "feather.pipeline", "feather.cli",
+                  "feather.overhead", "feather.bench")
+ABOVE_THE_ENGINES = ("feather.sim", "feather.pipeline", "feather.cli", "feather.overhead",
+                     "feather.bench")
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +258,34 @@ def test_the_batch_prefix_tree_is_one_core_module(graph: dict[str, set[str]]) ->
     expected = {"feather.kernels.tree", "feather.sim.l2", "feather.sim.cost", "feather.bench.l2"}
     assert expected <= users
     assert not any(m.startswith("feather.sim") for m in reachable(graph, "feather.batch_tree"))
+
+
+@pytest.fixture(scope="module")
+def dependencies() -> dict[str, set[str]]:
+    return dependency_graph()
+
+
+def _offending(graph: dict[str, set[str]], sources: tuple[str, ...],
+               forbidden: tuple[str, ...]) -> dict[str, list[str]]:
+    found = {
+        name: sorted(m for m in reachable(graph, name) if in_layer(m, forbidden))
+        for name in graph if in_layer(name, sources)
+    }
+    return {name: mods for name, mods in found.items() if mods}
+
+
+def test_the_core_reaches_no_engine_simulator_pipeline_or_cli(dependencies) -> None:
+    """A policy, the CHT or a workload runs the same inside the simulator and inside vLLM or
+    SGLang: nothing in them may depend on either side (by import or by a name in a string)."""
+    assert any(in_layer(name, CORE) for name in dependencies)
+    offending = _offending(dependencies, CORE, ABOVE_THE_CORE)
+    assert not offending, f"the core reaches an outer layer: {offending}"
+
+
+def test_the_engines_are_a_leaf_below_the_pipeline_the_simulator_and_the_cli(
+        dependencies) -> None:
+    """An engine runner is called by the pipeline and the CLI and calls neither (nor the
+    simulator: what both need, such as the cold-KV count, lives below them)."""
+    assert any(in_layer(name, ("feather.engines",)) for name in dependencies)
+    offending = _offending(dependencies, ("feather.engines",), ABOVE_THE_ENGINES)
+    assert not offending, f"an engine module reaches an outer layer: {offending}"

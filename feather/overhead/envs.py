@@ -52,7 +52,7 @@ _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s*$")
 
 # Imports SGLang's scheduling code, builds its trees and a request: what the harness needs.
 _SELF_TEST = """
-from feather.overhead.sglang_env import SGLangAPI
+from feather.engines.sglang.api import SGLangAPI
 api = SGLangAPI()
 for kind in api.trees:
     tree = api.make_tree(kind, 1)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from feather.engines.sglang.api import SGLangAPI
 from feather.overhead.base import Implementation, Measured, Prepared, cpu_time
 from feather.overhead.scenario import Case, group_prefixes, waiting_requests
-from feather.overhead.sglang_env import SGLangAPI
 
 VARIANTS = ("lpm", "lpm-nofallback", "dfs-weight", "match")
 

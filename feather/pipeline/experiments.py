@@ -514,8 +514,8 @@ def _check_template(where: str, template: dict[str, Any]) -> None:
 
 
 def _check_engine_template(where: str, template: dict[str, Any]) -> None:
+    from feather.engines.selection import ENGINES
     from feather.models import model_names
-    from feather.pipeline.engines import ENGINES
 
     _check_names(where, "engine", [template["engine"]], list(ENGINES))
     _check_names(where, "model", [template["model"]], model_names())

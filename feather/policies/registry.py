@@ -25,7 +25,7 @@ _BUILTIN: dict[str, str] = {
     "feather-reference": "feather.policies.feather:FeatherReferencePolicy",
     "feather-ucb": "feather.policies.feather:FeatherUCBPolicy",
     "feather-qlearn": "feather.policies.feather:FeatherQLearningPolicy",
-    "batches": "feather.sim.batches:FixedBatchesPolicy",
+    "batches": "feather.policies.fixed_batches:FixedBatchesPolicy",
 }
 
 

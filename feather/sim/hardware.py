@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from feather.models import ModelProfile, field_differences
+from feather.profile_fields import register_from_json
 from feather.sim.step_fit import StepTimeFits, load_fit
 
 _GIB_BYTES = 1 << 30
@@ -187,6 +188,13 @@ def register_hardware(profile: HardwareProfile) -> None:
             f"({field_differences(existing, profile)}); give your profile a new name"
         )
     _HARDWARE[profile.name] = profile
+
+
+def register_hardware_profiles(texts: list[str] | None,
+                               where: str = "--hardware-profile") -> None:
+    """User hardware profiles given as JSON objects of HardwareProfile's fields, checked and
+    registered; `where` names the input in the errors."""
+    register_from_json(texts, HardwareProfile, register_hardware, where)
 
 
 for _profile in (

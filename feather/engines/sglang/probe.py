@@ -165,7 +165,7 @@ def entry_point_check() -> dict[str, Any]:
 
 
 def main() -> int:
-    from feather.overhead.sglang_env import SGLangAPI
+    from feather.engines.sglang.api import SGLangAPI
 
     api = SGLangAPI()  # CPU stubs and SGLang's runtime context, before any SGLang import
     os.environ.setdefault(SCHEDULER_VAR, "feather-static")

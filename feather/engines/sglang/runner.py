@@ -36,7 +36,7 @@ class SGLangUnavailable(RuntimeError):
 
 def check_can_run() -> tuple[str, list[str]]:
     """(SGLang's version, the GPUs) - or a clear error before anything starts."""
-    from feather.pipeline.gpu import attached_gpus
+    from feather.engines.gpu import attached_gpus
 
     gpus = attached_gpus()
     if not gpus:
@@ -291,8 +291,8 @@ def run_cli(args: Any) -> int:
     import sys
 
     from feather.engines.runs import engine_runs
+    from feather.models import register_model_profiles
     from feather.policies import resolve_scheduler
-    from feather.profiles import register_profiles
     from feather.rundir import write_run_dir
     from feather.telemetry import NVML_FILE, NvmlSampler
     from feather.workloads import load_workload
@@ -314,7 +314,7 @@ def run_cli(args: Any) -> int:
     except SGLangUnavailable as exc:
         print(f"feather run: {exc}", file=sys.stderr)
         return 2
-    register_profiles(None, args.model_profile)
+    register_model_profiles(args.model_profile)
     runs = engine_runs(args.scheduler, args.seed, args.repeats)
     for run in runs:
         if not is_native(run.scheduler_class, run.params):

@@ -9,7 +9,7 @@ model runs between the scheduler's schedule() and update_from_output().
 
 On the step's first call (every layer sees the same batch) it also counts, from the kernel's
 own block table, sequence lengths and query offsets, the decode KV tokens that the request
-before each in the kernel's order does not share (`feather.sim.step_fit.cold_decode_kv_tokens`):
+before each in the kernel's order does not share (`feather.kernels.traffic.cold_decode_kv_tokens`):
 the step-time fit's homogeneity term, taken where the kernel's order is known. An attention
 backend that replaces the op on some calls (`prefix_attention`) reports those through `add()`,
 so a step's attention seconds are every layer's, whichever path ran.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from feather.sim.step_fit import cold_decode_kv_tokens
+from feather.kernels.traffic import cold_decode_kv_tokens
 
 _state: dict[str, Any] = {"installed": False, "seconds": 0.0, "cold": None}
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from feather.engines.gpu import attached_gpus
 from feather.engines.model_dir import model_directory
 from feather.engines.runs import (
     ATTENTION_CHOICES,
@@ -36,7 +37,6 @@ from feather.engines.vllm.compat import let_vllm_scan_llvmlite
 from feather.memory import check_fits
 from feather.metrics import latency_summary
 from feather.models import get_model
-from feather.pipeline.gpu import attached_gpus
 from feather.provenance import collect_provenance
 from feather.rundir import write_run_dir
 from feather.telemetry import NVML_FILE, NvmlSampler

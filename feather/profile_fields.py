@@ -1,8 +1,9 @@
-"""User-described hardware and model profiles, given as JSON objects.
+"""The fields of user-described hardware and model profiles, given as JSON objects.
 
 The CLI (`--hardware-profile`, `--model-profile`), the engine runners and the workflow's
-config (`hardware_profiles`, `model_profiles`) all register user profiles through here, so
-the fields are checked one way everywhere: every field named, typed and in range, or one
+config (`hardware_profiles`, `model_profiles`) all register user profiles through here
+(`feather.models.register_model_profiles`, `feather.sim.hardware.register_hardware_profiles`),
+so the fields are checked one way everywhere: every field named, typed and in range, or one
 line saying which is not. A profile may not redefine a name already registered (built in or
 given before) with other values: it would silently change what every run under that name
 means; an identical redefinition (the workflow registers its config's profiles in every
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 # Numeric fields that may be 0 ("not given" in ModelProfile; a time offset in the cost model);
@@ -104,21 +106,12 @@ def _fields(text: str) -> dict:
     return fields
 
 
-def register_profiles(
-    hardware: list[str] | None,
-    models: list[str] | None,
-    *,
-    inputs: tuple[str, str] = ("--hardware-profile", "--model-profile"),
-) -> None:
-    """User profiles given as JSON objects (fields of HardwareProfile / ModelProfile);
-    `inputs` names where they came from in the errors (CLI flags, or the config's keys)."""
-    from feather.models import ModelProfile, register_model
-    from feather.sim.hardware import HardwareProfile, register_hardware
-
-    kinds = ((hardware, HardwareProfile, register_hardware), (models, ModelProfile, register_model))
-    for where, (texts, cls, register) in zip(inputs, kinds, strict=True):
-        for text in texts or []:
-            try:
-                register(cls(**typed_fields(cls, _fields(text))))
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
+def register_from_json(texts: list[str] | None, cls: type, register: Callable[[Any], Any],
+                       where: str) -> None:
+    """Register each JSON object of `texts` as a `cls` profile; `where` names the input in
+    the errors (a CLI flag, or the config's key)."""
+    for text in texts or []:
+        try:
+            register(cls(**typed_fields(cls, _fields(text))))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
