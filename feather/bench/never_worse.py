@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
 from feather.sim.run import SimulationSpec, simulate
 from feather.workloads import Workload, load_workload
 
@@ -44,7 +45,7 @@ class Case:
     kv_pool_fraction: float | None = None
     num_blocks: int | None = None
     below_saturation: bool = False
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     block_size: int = 16
     max_num_batched_tokens: int = 8192
 

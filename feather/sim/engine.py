@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from feather.chunk_hash import chunk_hashes
+from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
 from feather.policies.base import AdmissionPolicy, Request, StepContext, StepOutcome
 from feather.sim.batch import BatchStep, SeqStep
 from feather.sim.kv_pool import BlockPool
@@ -65,7 +66,7 @@ class EngineConfig:
     mode: Mode = "vllm"
     num_blocks: int = 4096
     block_size: int = 16
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True
     max_prefill_tokens: int = 16384

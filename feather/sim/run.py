@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 import feather
+from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
 from feather.kernels.plan import KERNELS
 from feather.metrics import latency_summary
 from feather.models import get_model
@@ -55,7 +56,7 @@ class SimulationSpec:
     engine_mode: str = "vllm"
     seed: int = 0
     scheduler_params: dict[str, Any] = field(default_factory=dict)
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = 8192
     block_size: int = 16
     num_blocks: int | None = None  # None: from the hardware's memory and the model

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
 from feather.engines.gpu import attached_gpus
 from feather.engines.model_dir import model_directory
 from feather.engines.runs import (
@@ -73,7 +74,7 @@ class EngineSetup:
     """
 
     model: str
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
     num_blocks: int | None = None
     block_size: int | None = None
