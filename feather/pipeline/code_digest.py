@@ -46,4 +46,4 @@ def overhead_code_digest(root: Path = PACKAGE) -> str:
 
 def workload_code_digest(root: Path = PACKAGE) -> str:
     """What builds workloads."""
-    return source_digest(["workloads", "chunk_hash.py", "models.py", "cli.py"], root=root)
+    return source_digest(["workloads", "chunk_hash.py", "models.py", "cli"], root=root)

