@@ -60,22 +60,17 @@ def add_engine_limits(
     block_size: int | None = 16,
     num_blocks_help: str = "KV pool size (default: from memory)",
     block_size_help: str | None = None,
-    num_blocks_last: bool = False,
 ) -> None:
     """`--max-num-seqs`, `--max-num-batched-tokens`, `--num-blocks`, `--block-size`: one type
     (positive_int) and one max_num_seqs default for every command that sizes an engine. The
-    defaults are the simulator's; a real engine passes None for its own. `num_blocks_last`
-    keeps `simulate --help` in the order it always had."""
+    defaults are the simulator's; a real engine passes None for its own."""
     parser.add_argument("--max-num-seqs", type=positive_int, default=DEFAULT_MAX_NUM_SEQS)
     parser.add_argument(
         "--max-num-batched-tokens", type=positive_int, default=max_num_batched_tokens
     )
-    kv_cache = [
-        ("--num-blocks", {"help": num_blocks_help}),
-        ("--block-size", {"default": block_size, "help": block_size_help}),
-    ]
-    for flag, settings in reversed(kv_cache) if num_blocks_last else kv_cache:
-        parser.add_argument(flag, type=positive_int, **settings)
+    parser.add_argument("--num-blocks", type=positive_int, help=num_blocks_help)
+    parser.add_argument("--block-size", type=positive_int, default=block_size,
+                        help=block_size_help)
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:

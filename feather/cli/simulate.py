@@ -76,7 +76,7 @@ def register(commands: Any) -> None:
     sim.add_argument("--kernel", choices=KERNELS, default="paged")
     sim.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
     sim.add_argument("--seed", type=seed, default=0)
-    add_engine_limits(sim, num_blocks_last=True)
+    add_engine_limits(sim)
     sim.add_argument(
         "--kv-pool-fraction",
         type=float,
