@@ -711,3 +711,21 @@ def test_group_consultation_asks_only_where_the_candidate_changes_the_running_gr
             max_running=6)  # fmt: skip
     assert asked["group"] and all(s.delta_tokens > 0 or not s.joins_group for s in asked["group"])
     assert any(s.joins_group and s.delta_tokens == 0 for s in asked["every"])
+
+
+def test_feather_nostop_is_the_candidate_order_with_every_decision_an_add() -> None:
+    """Feather without STOP admits exactly what any Feather rule admits when never consulted,
+    even on a kernel where feather-static stops; it refuses to be consulted."""
+    reqs = grouped_requests(8, 12, prefix=1024, suffix=8, output_len=lambda i: 5 + i % 5)
+    decisions = []
+    nostop = run(make("feather-nostop"), reqs, max_running=12, prefix_read_once=True,
+                 on_step=lambda p: decisions.extend(p.last_step.decisions))
+    never = run(make("feather-static", min_batch=6, consult="never"), reqs, max_running=12,
+                prefix_read_once=True)
+    stopping = run(make("feather-static", min_batch=6), reqs, max_running=12,
+                   prefix_read_once=True)
+    assert [s.admitted for s in nostop] == [s.admitted for s in never]
+    assert decisions and all(d.action is Action.ADD and d.forced for d in decisions)
+    assert [s.admitted for s in stopping] != [s.admitted for s in never]  # STOP changes it
+    with pytest.raises(ValueError, match="consult must be 'never'"):
+        make("feather-nostop", consult="every")

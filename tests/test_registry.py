@@ -37,6 +37,7 @@ def test_every_registered_name_builds_its_policy() -> None:
         "lpm",
         "dfs-weight",
         "feather-static",
+        "feather-nostop",
         "feather-reference",
         "feather-ucb",
         "feather-qlearn",

@@ -215,3 +215,22 @@ def test_c2_and_c7_real_columns_read_the_engine_runs_per_attention_backend() -> 
     assert "fcfs + pat 150 (135-165)" in c7
     assert c7.endswith("feather-static + vllm / fcfs + pat 1.20x")
     assert v.c2_end_to_end(v.Sources(pd.DataFrame([rows[-1]]))) is None
+
+
+def test_c5_real_column_compares_each_workload_and_backend_with_its_own_fcfs() -> None:
+    """A full sweep runs the vllm experiment on several workloads and attention backends:
+    each Feather run is read against FCFS on the same workload and backend, never pooled."""
+    rows = []
+    for workload, attention, fcfs, feather in (("data/slice.parquet", "vllm", 10.0, 11.0),
+                                               ("data/long.parquet", "cascade", 100.0, 150.0),
+                                               ("data/long.parquet", "pat", 50.0, 40.0)):
+        for repeat in range(3):
+            rows.append(_engine_row("vllm", workload=workload, attention=attention,
+                                    repeat=repeat, scheduler="fcfs", output_tok_s=fcfs))
+            rows.append(_engine_row("vllm", workload=workload, attention=attention,
+                                    repeat=repeat, scheduler="feather-static",
+                                    output_tok_s=feather))
+    line = v._c5_real(v.Sources(pd.DataFrame(rows)))
+    assert "(slice, vllm attention): feather-static 1.10x of FCFS" in line
+    assert "(long, cascade attention): feather-static 1.50x of FCFS" in line
+    assert "(long, pat attention): feather-static 0.80x of FCFS" in line

@@ -501,10 +501,14 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     the quantity the claims are about (the ratio), not in absolute tokens/s."""
     data = table[table.experiment == "vllm"].copy()
     data["source"] = data["produced_by"]
+    # each run against FCFS on its own workload and attention backend (a full sweep has more
+    # than one workload per source)
+    keys = ["source"] + [c for c in ("workload", "attention") if c in data]
     baseline = (
-        data[data.scheduler == "fcfs"].groupby("source")["output_tok_s"].median().rename("base")
+        data[data.scheduler == "fcfs"].groupby(keys, dropna=False)["output_tok_s"].median()
+        .rename("base")
     )
-    data = data.join(baseline, on="source")
+    data = data.join(baseline, on=keys)
     data["relative"] = data["output_tok_s"] / data["base"]
     order = sorted(data.scheduler.unique(), key=lambda s: (s != "fcfs", s))
     sources = sorted(data.source.unique(), key=lambda s: (not s.startswith("real"), s))

@@ -398,15 +398,19 @@ def _c5_real(sources: Sources) -> str:
     table = sources.table
     real = table[(table.experiment == "vllm") & (table.engine != "sim")]
     lines = []
-    for producer, part in real.groupby("produced_by"):
+    real = real.assign(**{c: real.get(c) for c in ("workload", "attention")})
+    keys = ["produced_by", "workload", "attention"]  # each against FCFS on its own setting
+    for (producer, workload, attention), part in real.groupby(keys, dropna=False):
         medians = part.groupby("scheduler").output_tok_s.median()
         if "fcfs" not in medians:
             continue
         feather = medians[[s for s in medians.index if str(s).startswith("feather")]]
         others = ", ".join(f"{s} {_x(v / medians['fcfs'])}" for s, v in medians.items()
                            if s != "fcfs")
-        lines.append(f"{producer}: {others} of FCFS (medians over repeats; best Feather "
-                     f"{_x(feather.max() / medians['fcfs']) if len(feather) else 'n/a'})")
+        setting = (Path(str(workload)).stem if isinstance(workload, str) else "-") + (
+            f", {attention} attention" if isinstance(attention, str) else "")
+        lines.append(f"{producer} ({setting}): {others} of FCFS (medians over repeats; best "
+                     f"Feather {_x(feather.max() / medians['fcfs']) if len(feather) else 'n/a'})")
     if sources.fidelity is not None and not sources.fidelity.empty:
         lines.append(_fidelity_line(sources.fidelity))
     return "; ".join(lines) or "no real-engine run"

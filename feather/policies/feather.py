@@ -369,6 +369,25 @@ class FeatherStaticPolicy(FeatherPolicy):
         }
 
 
+class FeatherNoStopPolicy(FeatherPolicy):
+    """Feather without STOP: the CHT's candidate order alone, every decision ADD.
+
+    The baseline that separates STOP's contribution from the candidate order's: where a
+    Feather rule beats FCFS, this says how much of that the order already gives (on vLLM's
+    CPU kernel, all of it: docs/stop.md). The same as any Feather rule with `consult="never"`.
+    """
+
+    name = "feather-nostop"
+
+    def __init__(self, *, consult: str = "never", **kwargs: Any) -> None:
+        if consult != "never":
+            raise ValueError(f"feather-nostop: consult must be 'never', not {consult!r}")
+        super().__init__(consult=consult, **kwargs)
+
+    def _decide(self, state: DecisionState) -> Action:
+        return Action.ADD  # never reached: consult="never" makes every decision a forced ADD
+
+
 class FeatherReferencePolicy(FeatherPolicy):
     """The static rule of a public vLLM branch that implements the paper (its
     `SchedulingPolicy.FEATHER` request queue), written here from its stated behaviour.

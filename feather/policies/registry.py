@@ -22,6 +22,7 @@ _BUILTIN: dict[str, str] = {
     "lpm": "feather.policies.lpm:LPMPolicy",
     "dfs-weight": "feather.policies.dfs_weight:DFSWeightPolicy",
     "feather-static": "feather.policies.feather:FeatherStaticPolicy",
+    "feather-nostop": "feather.policies.feather:FeatherNoStopPolicy",
     "feather-reference": "feather.policies.feather:FeatherReferencePolicy",
     "feather-ucb": "feather.policies.feather:FeatherUCBPolicy",
     "feather-qlearn": "feather.policies.feather:FeatherQLearningPolicy",
