@@ -82,6 +82,9 @@ def _metrics(experiment: str, hardware: str, scheduler: str, params: dict, workl
         gain = 1 + (0 if scheduler == "fcfs" else rng.normal(0, 0.01))
     if experiment == "c7":
         gain *= {"paged": 1.0, "cascade": 1.2, "pat": 1.5}[kernel]
+    if experiment == "stop":
+        gain = {"fcfs": 1.0, "feather-nostop": 1.3, "feather-static": 1.7,
+                "feather-reference": 1.8}[scheduler] * (1.0 if kernel == "cascade" else 0.7)
     rate = float((re.search(r"poisson:([0-9.]+)", workload) or [0, 1])[1])
     noise = float(rng.lognormal(0, 0.005 if experiment == "c6" else 0.04))
     tok_s = _BASE_TOK_S.get(hardware, 1000) * gain * noise
@@ -151,7 +154,8 @@ def summary_table(experiments: dict[str, Experiment]) -> pd.DataFrame:
                         # a real engine's run names no simulated kernel: its attention
                         # is the backend the engine loaded
                         "workload": batch.workload_spec, "kernel": None, "seed": 0,
-                        "attention": batch.attention,
+                        "attention": batch.attention, "repeat": repeat,
+                        "run": f"{batch.run_prefix}{name}__r{repeat}",
                         **_metrics(batch.experiment, batch.hardware, name, dict(params),
                                    batch.workload_spec,
                                    {"vllm": "paged"}.get(batch.attention, batch.attention),

