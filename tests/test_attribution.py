@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from feather.models import get_model
 from feather.sim.attribution import split_step
-from feather.sim.batch import SeqStep
+from feather.sim.batch_step import SeqStep
 from feather.sim.cost import attention_flops
 from feather.sim.hardware import get_hardware
 from feather.sim.run import SimulationSpec, simulate

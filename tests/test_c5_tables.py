@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from feather.pipeline import c5_tables as c5t
-from feather.pipeline import ours
+from feather.pipeline import our_numbers
 from feather.pipeline import verdicts as v
 
 WHOLE = "data/workloads/leval__min=1000-max=10000-order=shuffled-seed=0__llama-3.1-8b.parquet"
@@ -63,7 +63,7 @@ def test_ratios_divide_by_the_same_workloads_fcfs() -> None:
 
 def test_summaries_keep_each_workload_apart() -> None:
     table = _two_workloads()
-    lines = [line for line in ours.c5_lines(table, "c5") if "/ fcfs" in line]
+    lines = [line for line in our_numbers.c5_lines(table, "c5") if "/ fcfs" in line]
     assert len(lines) == 2
     assert any(line.startswith("leval min=1000 max=10000,") and "= 3.00x" in line
                for line in lines)

@@ -24,7 +24,7 @@ from feather.bench.cpu_attn import batch_layout
 from feather.engines.vllm.attention_timer import kernel_cold_kv_tokens
 from feather.kernels.traffic import cold_decode_kv_tokens
 from feather.models import get_model
-from feather.sim.batch import BatchStep, SeqStep
+from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.cost import step_cost
 from feather.sim.hardware import CPU_STEP_FIT, cpu_profile, get_hardware
 from feather.sim.run import SimulationSpec, simulate

@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from feather.kernels.batches import grouped_batch
+from feather.kernels.block_tables import grouped_batch
 from feather.kernels.decode import decode_attention, prepare
 from feather.kernels.plan import KERNELS, make_plan
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from feather.kernels.batches import grouped_batch, split_evenly
+from feather.kernels.block_tables import grouped_batch, split_evenly
 from feather.kernels.plan import make_plan, plan_cascade, shared_prefix_blocks
 from feather.kernels.tree import prefix_tree
 

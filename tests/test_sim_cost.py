@@ -8,7 +8,7 @@ import math
 import pytest
 
 from feather.models import ModelProfile, get_model
-from feather.sim.batch import BatchStep, SeqStep
+from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.cost import (
     activation_bytes_per_token_layer,
     attention_flops,

@@ -1,7 +1,7 @@
 """`feather bench kernels`: decode-attention kernels timed for real (claims C1, C2, C7).
 
 One decode step of one attention layer of Llama-3.1-8B (32 query heads, 8 KV heads, head_dim
-128, from `feather.models`), block size 16, over synthetic batches (`feather.kernels.batches`):
+128, from `feather.models`), block size 16, over synthetic batches (`feather.kernels.block_tables`):
 
 - c1: one homogeneous batch of n requests vs a mixed batch of n from 8 prefix groups (equal
   batch size), and the paper's shape: 8 homogeneous batches of n vs one mixed batch of 8n;
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from feather.kernels.batches import BatchLayout, grouped_batch, split_evenly
+from feather.kernels.block_tables import BatchLayout, grouped_batch, split_evenly
 from feather.kernels.plan import KERNELS
 from feather.kernels.traffic import plan_bytes
 from feather.models import get_model

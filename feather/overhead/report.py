@@ -26,7 +26,7 @@ import pandas as pd
 
 from feather.models import ModelProfile
 from feather.overhead.scenario import Case
-from feather.sim.batch import BatchStep, SeqStep
+from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.cost import step_cost
 from feather.sim.hardware import HardwareProfile
 

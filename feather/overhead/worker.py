@@ -33,7 +33,7 @@ from feather.overhead.scenario import Case
 
 def make_implementation(family: str, tree: str, page_size: int) -> Implementation:
     if family == "feather":
-        from feather.overhead.ours import FeatherCHT
+        from feather.overhead.feather_cht import FeatherCHT
 
         return FeatherCHT()
     if family == "vllm":

@@ -40,7 +40,9 @@ def run_code_digest(root: Path = PACKAGE) -> str:
 def overhead_code_digest(root: Path = PACKAGE) -> str:
     """What the overhead experiment times: its harness and the structures it measures."""
     return source_digest(
-        ["overhead", "cht.py", "chunk_hash.py", "arrival.py", "policies"], root=root
+        ["overhead", "cht.py", "chunk_hash.py", "arrival.py", "policies",
+         "engines/sglang/api.py"],
+        root=root,
     )
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from feather.batch_tree import BatchTree
 from feather.kernels.plan import KERNELS
 from feather.models import ModelProfile
-from feather.sim.batch import BatchStep
+from feather.sim.batch_step import BatchStep
 from feather.sim.hardware import HardwareProfile
 from feather.sim.l2 import (
     HEAD_FASTEST,

@@ -45,7 +45,7 @@ from typing import Any, Literal
 from feather.chunk_hash import chunk_hashes
 from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
 from feather.policies.base import AdmissionPolicy, Request, StepContext, StepOutcome
-from feather.sim.batch import BatchStep, SeqStep
+from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.kv_pool import BlockPool
 from feather.sim.sched_cost import StepWork
 from feather.timing import SchedulingTimer

@@ -32,7 +32,7 @@ from feather.policies import AdmissionPolicy, create_engine_policy, create_vllm_
 from feather.provenance import collect_provenance
 from feather.rundir import write_run_dir
 from feather.sim.attribution import StepSplit, attribute
-from feather.sim.batch import BatchStep
+from feather.sim.batch_step import BatchStep
 from feather.sim.cost import step_cost
 from feather.sim.engine import Engine, EngineConfig, EngineResult
 from feather.sim.hardware import get_hardware

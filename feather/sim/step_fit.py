@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from feather.kernels.traffic import cold_decode_kv_tokens
-from feather.sim.batch import BatchStep
+from feather.sim.batch_step import BatchStep
 
 SCHEMA = "feather.step_time_fit/1"
 FEATURES = ("fixed", "seqs", "tokens", "prefill_pairs", "decode_kv_tokens", "cold_decode_kv_tokens")

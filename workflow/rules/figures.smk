@@ -43,7 +43,7 @@ rule our_numbers:
     log:
         "logs/figures/ours.log",
     run:
-        from feather.pipeline.ours import write_ours
+        from feather.pipeline.our_numbers import write_ours
 
         with logged_to(log[0]):
             write_ours(input.table, input.reports, output[0], EXPERIMENTS, input.sections)
