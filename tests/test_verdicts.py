@@ -270,6 +270,7 @@ def test_stop_holds_only_where_a_stopping_rule_beats_both_fcfs_and_the_order_alo
     assert "1.1 prefix groups per step against 2.0 without STOP" in row.mechanism
     few = _stop_rows("cascade_16k", "cascade", {"fcfs": 27, "feather-nostop": 35,
                                                 "feather-static": 47}, repeats=3)
-    assert v.stop(v.Sources(pd.DataFrame(order_only + few))).verdict == "does not hold"
+    row = v.stop(v.Sources(pd.DataFrame(order_only + few)))
+    assert row.verdict == "does not hold" and "over 3 repeats: the rule asks for 5" in row.mechanism
     sim = v.stop(v.Sources(pd.DataFrame([_row(experiment="c5", scheduler="fcfs")])))
     assert sim.verdict == v.UNTESTABLE

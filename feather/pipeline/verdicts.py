@@ -548,6 +548,12 @@ def stop(sources: Sources) -> Verdict:
     else:
         verdict = "does not hold"
         best = real.loc[real.vs_nostop.idxmax()]
+        short = real[(real.repeats < STOP_REPEATS) & (real.vs_fcfs >= STOP_PAYS)
+                     & (real.vs_nostop >= STOP_PAYS)]
+        if len(short):
+            return Verdict("STOP (mechanism)", paper, simulated, ranges, verdict,
+                           f"{_x(short.vs_nostop.max())} Feather without STOP, but over "
+                           f"{short.repeats.min()} repeats: the rule asks for {STOP_REPEATS}")
         mechanism = (f"best stopping rule {_x(best.vs_nostop)} Feather without STOP "
                      f"({best.regime}, {best.attention}): the CHT's candidate order alone "
                      "gives what stopping would (on vLLM's CPU kernel: a mixed batch's groups "
