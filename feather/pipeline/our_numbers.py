@@ -71,6 +71,13 @@ def headline(table: pd.DataFrame, experiment: str) -> list[str]:
         return c5_lines(table, experiment)
     if experiment == "load":
         return load_lines(table)
+    if experiment == "stop":
+        from feather.pipeline.verdicts import stop_ratios
+
+        return [f"{source}, {r.regime} ({r.attention}): {r.rule} {_fmt(r.vs_nostop)}x "
+                f"Feather without STOP, {_fmt(r.vs_fcfs)}x FCFS"
+                for source, engine in (("real", True), ("simulator", False))
+                for r in stop_ratios(table, engine).itertuples()] or ["no runs"]
     lines = []
     for hw, part in data.groupby("hardware"):
         if experiment == "c1":
