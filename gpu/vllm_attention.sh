@@ -33,18 +33,7 @@ REPEATS=${REPEATS:-3}
 BATCH=${BATCH:-100}
 mkdir -p "$OUT"
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.csv"
-
-if [ ! -x "$VENV/bin/feather" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install "vllm==0.32.0"
-  "$VENV/bin/pip" install -e .    # feather's own deps; torch stays vLLM's CUDA build
-fi
-"$VENV/bin/python" - <<'EOF'
-import torch, vllm
-assert torch.cuda.is_available(), "CUDA PyTorch sees no GPU"
-print("vllm", vllm.__version__, "torch", torch.__version__, torch.cuda.get_device_name(0))
-EOF
+source gpu/cuda_vllm_env.sh  # the GPU, and the venv with CUDA vLLM
 
 "$VENV/bin/python" -m feather.engines.vllm.triton_check --cases 3 --bench \
   --out "$OUT/triton_check.json" 2>&1 | tee "$OUT/triton_check.log"

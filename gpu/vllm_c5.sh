@@ -31,18 +31,7 @@ read -r -a SHAPE <<< "${SHAPE:---min-prefix-tokens 1000 --max-prefix-tokens 1000
 read -r -a RUN_ARGS <<< "${RUN_ARGS:-}"
 mkdir -p "$OUT"
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.csv"
-
-if [ ! -x "$VENV/bin/feather" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install "vllm==0.32.0"
-  "$VENV/bin/pip" install -e .    # feather's own deps; torch stays vLLM's CUDA build
-fi
-"$VENV/bin/python" - <<'EOF'
-import torch, vllm
-assert torch.cuda.is_available(), "CUDA PyTorch sees no GPU"
-print("vllm", vllm.__version__, "torch", torch.__version__, torch.cuda.get_device_name(0))
-EOF
+source gpu/cuda_vllm_env.sh  # the GPU, and the venv with CUDA vLLM
 
 WORKLOAD="$OUT/leval_1k_10k.parquet"
 if [ ! -f "$WORKLOAD" ]; then

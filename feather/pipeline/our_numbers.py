@@ -15,6 +15,7 @@ import pandas as pd
 from feather.atomic import write_text_atomic
 from feather.pipeline import c5_tables as c5t
 from feather.pipeline.figures import _params, divergent_requests
+from feather.pipeline.verdicts import stop_ratios
 
 
 def _fmt(value: float | None) -> str:
@@ -72,8 +73,6 @@ def headline(table: pd.DataFrame, experiment: str) -> list[str]:
     if experiment == "load":
         return load_lines(table)
     if experiment == "stop":
-        from feather.pipeline.verdicts import stop_ratios
-
         return [f"{source}, {r.regime} ({r.attention}): {r.rule} {_fmt(r.vs_nostop)}x "
                 f"Feather without STOP, {_fmt(r.vs_fcfs)}x FCFS"
                 for source, engine in (("real", True), ("simulator", False))

@@ -18,7 +18,13 @@ import pandas as pd
 
 from feather.atomic import write_text_atomic
 from feather.pipeline import c5_tables as c5t
-from feather.pipeline.figures import _params, compared_throughput, divergent_requests
+from feather.pipeline.figures import (
+    _params,
+    compared_throughput,
+    divergent_requests,
+    kernel_labels,
+    regime_of,
+)
 
 # The paper's setup: its GPUs; a regime it plausibly had is one of these with the KV pool
 # their memory leaves (not a swept fraction) and requests of one prefix not arriving together.
@@ -487,8 +493,6 @@ def stop_ratios(table: pd.DataFrame, engine: bool) -> pd.DataFrame:
     """Per (regime, attention) of the stop experiment: each stopping rule's median throughput
     over FCFS's and over Feather without STOP's, and the repeats behind the medians (real
     runs: `engine`; else the simulator's runs, one per seed)."""
-    from feather.pipeline.figures import kernel_labels, regime_of
-
     runs = table[(table.experiment == "stop") & ((table.engine != "sim") == engine)].copy()
     if runs.empty:
         return pd.DataFrame()

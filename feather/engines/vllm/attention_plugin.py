@@ -109,12 +109,16 @@ def reset_usage() -> None:
     _usage.clear()
 
 
-def loaded_while_vllm_asked() -> RuntimeError:
-    """The error of a backend of ours constructed while the env asks for vLLM's kernel."""
-    return RuntimeError(
-        f"the prefix-aware backend was loaded while {ENV} asks for vLLM's kernel: "
-        "select the attention with attention_plugin.use() before the engine starts"
-    )
+def required_mode() -> str:
+    """The mode a backend of ours is constructed for; an error if the env asks for vLLM's
+    kernel (an override left from an earlier engine in this process)."""
+    mode = mode_from_env()
+    if mode is None:
+        raise RuntimeError(
+            f"the prefix-aware backend was loaded while {ENV} asks for vLLM's kernel: "
+            "select the attention with attention_plugin.use() before the engine starts"
+        )
+    return mode
 
 
 class StepCache:

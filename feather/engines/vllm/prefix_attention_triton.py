@@ -86,10 +86,7 @@ class PrefixAwareTritonImpl(TritonAttentionImpl):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        mode = attention_plugin.mode_from_env()
-        if mode is None:  # an override left from an earlier engine in this process
-            raise attention_plugin.loaded_while_vllm_asked()
-        self.mode = mode
+        self.mode = attention_plugin.required_mode()
 
     def _unsupported(self, meta: Any, query: torch.Tensor, kv_cache: torch.Tensor) -> str | None:
         """Why this call goes to vLLM's kernel, or None when ours can take it."""

@@ -189,6 +189,9 @@ class _FeatherSchedulingMixin:
             )
         self.scheduler_name = scheduler
         self._groups = groups
+        # our cascade backend serves this engine's decode steps (the env is what the plugin
+        # read when this engine started, and what spawned engine processes inherit)
+        self._prefix_read_once = attention_plugin.mode_from_env() == "cascade"
         attention_timer.take()  # what ran before (start-up's warm-up runs) is no step's
         self._plan_ids: list[str] | None = None
         self._group_of: dict[str, Any] = {}
@@ -229,9 +232,7 @@ class _FeatherSchedulingMixin:
             max_running=self.max_num_running_reqs,
             token_budget=self.max_num_scheduled_tokens,
             free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
-            # our cascade backend serves this engine's decode steps (the env is what the
-            # plugin reads in this process, and what spawned engine processes inherit)
-            prefix_read_once=attention_plugin.mode_from_env() == "cascade",
+            prefix_read_once=self._prefix_read_once,
         )
 
     # ---- vLLM's hooks -------------------------------------------------------------------------
