@@ -865,6 +865,7 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
             "engine-name",
             "training",
             "training-params",
+            "training-learner-params",
         ],
     )
     text = st.text(min_size=1, max_size=12)
@@ -1032,6 +1033,21 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
             "params": {"consult": draw(text.filter(lambda t: t not in CONSULT))},
         }
         return exp, ["training.params", "consult"]
+    if kind == "training-learner-params":
+        # one learner's own parameters: for a learner that does not train here, or of a bad value
+        stranger = draw(st.booleans())
+        exp["training"] = {
+            "learners": ["feather-ucb", "feather-qlearn"] if not stranger else ["feather-ucb"],
+            "hardware": ["a100-80gb"],
+            "train_workloads": [SYN],
+            "eval_workloads": [SYN],
+            "train_seeds": [0],
+            "eval_seeds": [1],
+            "learner_params": {"feather-qlearn": {"gamma": 0.0 if stranger else draw(text)}},
+        }
+        if stranger:
+            return exp, ["training.learner_params", "feather-qlearn"]
+        return exp, ["training.learner_params.feather-qlearn", "gamma"]
     exp["training"] = {
         "learners": [
             draw(

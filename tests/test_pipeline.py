@@ -165,6 +165,19 @@ def test_every_expected_result_and_figure_exists(finished: Path) -> None:
     assert table.git_revision.notna().all() and table.config_hash.notna().all()
 
 
+def test_each_learner_trains_with_the_common_and_its_own_parameters(finished: Path) -> None:
+    """training.params reach every learner's table, training.learner_params only its own."""
+    tables = {
+        p.parent.name: json.loads(p.read_text())
+        for p in (finished / "results").glob("a100-80gb/sim/rl/*/policy.json")
+    }
+    assert set(tables) == {"feather-ucb", "feather-qlearn"}
+    for table in tables.values():
+        assert table["decision"] == {"consult": "group", "stop_holds": "group-change"}
+    assert tables["feather-qlearn"]["learner"]["gamma"] == 0.0
+    assert "gamma" not in tables["feather-ucb"]["learner"]
+
+
 def test_figure_index_lists_exactly_the_figures_the_pipeline_draws() -> None:
     indexed = set(
         re.findall(r"^\| (\w+)\.png \|", (REPO / "figures" / "README.md").read_text(), re.MULTILINE)

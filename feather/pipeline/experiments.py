@@ -78,8 +78,9 @@ TRAINING_FIELDS = {
     "eval_workloads",
     "eval_seeds",
 }
-# the simulated engine (default: paged, vllm); transfer: a second training for a real engine
-TRAINING_OPTIONAL = {"kernel", "engine_mode", "transfer", "params"}
+# the simulated engine (default: paged, vllm); transfer: a second training for a real engine;
+# params: every learner's; learner_params: one learner's own, over params (e.g. Q-learning's gamma)
+TRAINING_OPTIONAL = {"kernel", "engine_mode", "transfer", "params", "learner_params"}
 TRANSFER_FIELDS = {"learner", "hardware", "model", "kernel", "params", "engine", "train_workloads",
                    "train_seeds"}
 
@@ -580,8 +581,21 @@ def _check_training(where: str, training: dict[str, Any]) -> None:
     params = training.get("params", {})
     if not isinstance(params, dict):
         raise ExperimentError(f"{where}: training.params must be a mapping of learner parameters")
+    own = training.get("learner_params", {})
+    if not isinstance(own, dict) or not all(isinstance(v, dict) for v in own.values()):
+        raise ExperimentError(
+            f"{where}: training.learner_params must map a learner to a mapping of its parameters"
+        )
+    strangers = sorted(set(own) - set(training["learners"]))
+    if strangers:
+        raise ExperimentError(
+            f"{where}: training.learner_params names {strangers}, not among training.learners "
+            f"{training['learners']}"
+        )
     for learner in training["learners"]:
         _check_params(f"{where}: training.params", learner, params)
+        where_own = f"{where}: training.learner_params.{learner}"
+        _check_params(where_own, learner, learner_params(training, learner))
     for key in ("train_seeds", "eval_seeds"):
         seeds = training[key]
         if (
@@ -590,6 +604,13 @@ def _check_training(where: str, training: dict[str, Any]) -> None:
             or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in seeds)
         ):
             raise ExperimentError(f"{where}: training.{key} must be a list of whole numbers >= 0")
+
+
+def learner_params(training: dict[str, Any], learner: str) -> dict[str, Any]:
+    """The parameters one learner trains with: the training's common `params`, then its own
+    `learner_params` entry over them."""
+    own = (training.get("learner_params") or {}).get(learner, {})
+    return {**(training.get("params") or {}), **own}
 
 
 def _check_params(where: str, scheduler_class: str, params: dict[str, Any]) -> None:

@@ -616,7 +616,8 @@ def _learner_label(report: dict[str, Any]) -> str:
 
 
 def _policy_rows(reports: list[dict[str, Any]], limit: int = 24) -> tuple[list[list[str]], int]:
-    """The learned tables' most visited states (at most `limit` rows) and how many were left
+    """The learned tables' states where the greedy action is STOP (the rare ones a reader
+    looks for), then the most visited others, at most `limit` rows; and how many were left
     out."""
     rows = []
     for report in reports:
@@ -624,9 +625,27 @@ def _policy_rows(reports: list[dict[str, Any]], limit: int = 24) -> tuple[list[l
             visits = entry["visits"]
             total = sum(visits.values())
             counts = f"{visits.get('ADD', 0)} / {visits.get('STOP', 0)}"
-            rows.append((total, [_learner_label(report), state, entry["action"], counts]))
-    rows.sort(key=lambda r: -r[0])
-    return [r for _, r in rows[:limit]], max(0, len(rows) - limit)
+            rows.append(
+                (entry["action"] != "STOP", -total,
+                 [_learner_label(report), state, entry["action"], counts])
+            )
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [r for *_, r in rows[:limit]], max(0, len(rows) - limit)
+
+
+def learning_summary(report: dict[str, Any]) -> str:
+    """What a training run learned, in one line: states visited, updates, convergence."""
+    training = report["training"]
+    history = training.get("history") or [{}]
+    convergence = training.get("convergence") or {}
+    stops = sum(1 for e in training.get("policy", {}).values() if e["action"] == "STOP")
+    actions = "yes" if convergence.get("actions_converged") else "no"
+    table = "yes" if convergence.get("converged") else "no"
+    return (
+        f"{_learner_label(report)}: {training.get('states', 0)} states ({stops} STOP), "
+        f"{history[-1].get('updates', 0)} updates over {len(training.get('history') or [])} "
+        f"runs; actions converged (K={convergence.get('k', '?')}) {actions}, table {table}"
+    )
 
 
 @figure("rl_policies")
@@ -651,7 +670,7 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     curve.set(xlabel="training run (seed-major)", ylabel="learning / feather-static",
               title="learning curves")
     if curve.get_legend_handles_labels()[0]:
-        curve.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)
+        curve.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
     rows = [
         {"learner": _learner_label(r), "workload": _shape_label(run["workload"]),
          "seed": run["seed"], "ratio": run["ratio"]}
@@ -690,7 +709,7 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     if table_rows:
         cell = table_ax.table(
             cellText=table_rows,
-            colLabels=["learner", "state b|delta|w", "greedy", "visits ADD / STOP"],
+            colLabels=["learner", "state (bucket indices)", "greedy", "visits ADD / STOP"],
             loc="upper center",
             cellLoc="left",
         )
@@ -698,7 +717,10 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         cell.set_fontsize(6)
         cell.auto_set_column_width(list(range(4)))
     note = f" ({more} more states in the reports)" if more else ""
-    table_ax.set_title(f"learned tables, most visited{note}", fontsize=8)
+    summaries = "\n".join(learning_summary(r) for r in reports)
+    table_ax.set_title(
+        f"learned tables: STOP states, then the most visited{note}\n{summaries}", fontsize=7
+    )
     kernels = sorted({str(r.get("kernel", "paged")) for r in reports})
     fig.suptitle(meta["title"], wrap=True)
     _save(
@@ -709,7 +731,9 @@ def rl(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
         f"{', '.join(kernels)}). Ratios against feather-static on the same workload and seed; "
         f"dotted: the run after which the greedy table no longer changed; held-out bars: mean "
         f"over seeds {', '.join(map(str, seeds)) or '-'}, whiskers min-max. States: "
-        "feather/policies/learning.py's buckets.",
+        "b batch size, d shared tokens the candidate cuts, w waiting requests, g distinct "
+        "groups running, j whether the candidate joins one (feather/policies/learning.py's "
+        "buckets).",
     )
 
 

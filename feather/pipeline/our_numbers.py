@@ -14,7 +14,7 @@ import pandas as pd
 
 from feather.atomic import write_text_atomic
 from feather.pipeline import c5_tables as c5t
-from feather.pipeline.figures import _params, divergent_requests
+from feather.pipeline.figures import _params, divergent_requests, learning_summary
 from feather.pipeline.verdicts import stop_ratios
 
 
@@ -139,8 +139,16 @@ def write_ours(
         if exp.name == "rl":
             loaded = [json.loads(Path(p).read_text()) for p in reports]
             ours = [
-                f"{r['training']['learner']} ({r['hardware']}): held-out mean "
-                f"{_fmt(r['evaluation']['mean_ratio'])}x feather-static"
+                f"{learning_summary(r)}; held out, x feather-static per shape: "
+                + ", ".join(
+                    _fmt(shape["ratio"]["mean"])
+                    for shape in r["evaluation"]["per_workload"].values()
+                )
+                + ", x FCFS: "
+                + ", ".join(
+                    _fmt(shape["ratio_to_fcfs"]["mean"])
+                    for shape in r["evaluation"]["per_workload"].values()
+                )
                 for r in loaded
             ]
         else:

@@ -21,7 +21,7 @@ from feather.pipeline.code_digest import (
 from feather.pipeline.checks import check_schedulers, load_experiments, stop
 from feather.engines.selection import ENGINES as ENGINE_TABLE
 from feather.engines.selection import EngineUnavailableError, installed_build, select_engines
-from feather.pipeline.experiments import slug_options
+from feather.pipeline.experiments import learner_params, slug_options
 from feather.engines.gpu import attached_gpus
 from feather.sim.hardware import get_hardware, hardware_names
 from feather.workloads.hub import hub_unreachable_reason

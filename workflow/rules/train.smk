@@ -16,7 +16,7 @@ rule train_learner:
             + ["--model", config["models"][0]]
             + ["--kernel", training().get("kernel", "paged")]
             + ["--engine-mode", training().get("engine_mode", "vllm")]
-            + [a for k, v in (training().get("params") or {}).items()
+            + [a for k, v in learner_params(training(), wc.learner).items()
                for a in ("--param", f"{k}={json.dumps(v)}")]
         ),
     log:
