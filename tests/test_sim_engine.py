@@ -323,9 +323,9 @@ def test_kernel_order_follows_vllms_persistent_batch() -> None:
         def __call__(self, batch):
             layouts.append(
                 "".join(
-                    self.engine.slots[i].id
-                    for i in range(len(self.engine.slots))
-                    if self.engine.slots[i] is not None
+                    self.engine.rule.slots[i].id
+                    for i in range(len(self.engine.rule.slots))
+                    if self.engine.rule.slots[i] is not None
                 )
             )
             return super().__call__(batch)

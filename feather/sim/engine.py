@@ -3,7 +3,9 @@
 Simulated time advances one engine step at a time by the cost model's step time plus the
 step's scheduling time (serial), or by the larger of the two where scheduling overlaps the
 GPU (`overlap_scheduling`: SGLang's default `event_loop_overlap` forms the next batch on the
-CPU while the GPU runs the current one). Two modes:
+CPU while the GPU runs the current one). Two modes, each a step rule in its own module
+(`vllm_step.py`, `sglang_step.py`: what to schedule and in which kernel order), executed
+here alike:
 
 Kernel order: in `vllm` mode sequences are laid out as vLLM's persistent `InputBatch` keeps
 them - a finished or preempted request leaves a hole, new requests fill the lowest holes
@@ -37,7 +39,6 @@ blocks hashed per request, so they are never shared.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -48,10 +49,16 @@ from feather.policies.base import AdmissionPolicy, Request, StepContext, StepOut
 from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.kv_pool import BlockPool
 from feather.sim.sched_cost import StepWork
+from feather.sim.sglang_step import SglangStep
+from feather.sim.step_plan import StepPlan
+from feather.sim.vllm_step import VllmStep
 from feather.timing import SchedulingTimer
 from feather.workloads.schema import WorkloadRequest
 
 Mode = Literal["vllm", "sglang"]
+# each engine's step behind one interface: schedule(engine) -> StepPlan, layout(engine,
+# scheduled) -> kernel order, left(request id), reserved_blocks
+STEP_RULES: dict[str, type[VllmStep] | type[SglangStep]] = {"vllm": VllmStep, "sglang": SglangStep}
 
 
 @dataclass(frozen=True)
@@ -192,8 +199,8 @@ class Engine:
         self.cost_fn = cost_fn
         self.sched_cost_fn = sched_cost_fn
         self.record_steps = record_steps
-        # vLLM's BlockPool keeps block 0 as its null block, never allocated
-        usable = config.num_blocks - 1 if config.mode == "vllm" else config.num_blocks
+        self.rule = STEP_RULES[config.mode]()
+        usable = config.num_blocks - self.rule.reserved_blocks
         if usable < 1:
             raise ValueError(f"num_blocks {config.num_blocks} leaves no usable block")
         self.pool = BlockPool(usable, config.block_size, config.enable_prefix_caching)
@@ -221,12 +228,8 @@ class Engine:
         self._arrivals = 0
         self._arrival_tokens = 0
         # this step's work, for the scheduling-cost model (StepWork)
-        self._policy_pass = False
+        self.policy_pass = False  # the policy was asked for candidates
         self._decisions = self._candidate_tokens = self._candidate_hits = 0
-        self._batch_full = False  # SGLang's running_batch.batch_is_full (sglang mode)
-        self.slots: list[SimRequest | None] = []  # vLLM's persistent batch layout
-        self._slot_of: dict[str, int] = {}
-        self._left_batch: list[str] = []  # finished or preempted since the last layout
         self.clock = 0.0
         self.timer = SchedulingTimer()
         self._ever_computed: set = set()  # hashes of every full block computed so far
@@ -243,10 +246,7 @@ class Engine:
                 continue
             if step >= self.config.max_steps:
                 raise RuntimeError(f"simulation did not finish within {step} steps")
-            if self.config.mode == "vllm":
-                self._vllm_step(step)
-            else:
-                self._sglang_step(step)
+            self._execute(step, self.rule.schedule(self))
             step += 1
             if progress is not None and step % 200 == 0:
                 progress(step, len(self.requests) - self._unfinished, self.clock)
@@ -276,271 +276,44 @@ class Engine:
             self._arrivals += 1
             self._arrival_tokens += r.prompt_len
 
-    # ---- vLLM V1 -------------------------------------------------------------------------------
-    def _vllm_step(self, step: int) -> None:
-        cfg, pool = self.config, self.pool
-        budget = cfg.max_num_batched_tokens
-        scheduled: dict[str, int] = {}
-        preempted = 0
-        running = self.running
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            n_new = min(req.num_tokens - req.num_computed, budget)
-            if pool.covers(req.id, req.num_computed + n_new):  # nothing to allocate or cache
-                scheduled[req.id] = n_new
-                budget -= n_new
-                i += 1
-                continue
-            while not pool.allocate(req.id, req.num_computed + n_new):
-                victim = running.pop()
-                self._preempt(victim)
-                scheduled.pop(victim.id, None)
-                preempted += 1
-                if victim is req:
-                    break
-            else:
-                # vLLM caches a chunk's full blocks when it allocates them, so a request
-                # admitted later in this step already hits them
-                pool.cache_full_blocks(
-                    req.id, req.block_hashes(cfg.block_size), req.num_computed + n_new
-                )
-                scheduled[req.id] = n_new
-                budget -= n_new
-                i += 1
-                continue
-            break
-        admitted, hits, candidates, adds, stops, reason = 0, 0, 0, 0, 0, "preempted"
-        waiting_tokens = self._waiting_prompt_tokens()
-        waiting_count = len(self.waiting)
-        if not preempted:
-            room = budget > 0 and len(running) < cfg.max_num_seqs
-            self._policy_pass = room and bool(self.waiting)  # the policy is asked for candidates
-            timed, policy = self._timed, self.policy
-            timed(
-                policy.begin_step,
-                StepContext(
-                    num_running=len(running),
-                    max_running=cfg.max_num_seqs,
-                    token_budget=budget,
-                    free_blocks=pool.num_free,
-                    prefix_read_once=cfg.prefix_read_once,
-                ),
-            )
-            while budget > 0 and len(running) < cfg.max_num_seqs:
-                rid = timed(policy.next_candidate)
-                if rid is None:
-                    break
-                candidates += 1
-                req = self.by_id[rid]
-                hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
-                self._note_candidate(req, len(hit) * cfg.block_size)
-                n_new = min(req.num_tokens - len(hit) * cfg.block_size, budget)
-                whole_prompt_fits = not cfg.reserve_full_prompt or (
-                    pool.blocks_needed(req.id, req.num_tokens, hit) <= pool.num_free
-                )
-                if not whole_prompt_fits or not pool.allocate(
-                    req.id, len(hit) * cfg.block_size + n_new, hit
-                ):
-                    timed(policy.refused, rid)
-                    break
-                timed(policy.admitted, rid)
-                self._admit(req, len(hit) * cfg.block_size)
-                pool.cache_full_blocks(rid, req.hashes, req.num_computed + n_new)
-                hits += len(hit) * cfg.block_size
-                scheduled[rid] = n_new
-                budget -= n_new
-                admitted += 1
-            record = self.policy.last_step
-            reason = (
-                record.stop_reason.value
-                if record.stop_reason
-                else ("token_budget" if budget <= 0 else "max_num_seqs")
-            )
-            adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
-            stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
-            self._decisions = len(record.decisions)
-        self._execute(
-            step,
-            scheduled,
-            "mixed",
-            admitted,
-            preempted,
-            hits,
-            candidates,
-            adds,
-            stops,
-            reason,
-            waiting_count,
-            waiting_tokens,
-        )
-
-    # ---- SGLang --------------------------------------------------------------------------------
-    def _sglang_step(self, step: int) -> None:
-        cfg, pool = self.config, self.pool
-        scheduled: dict[str, int] = {}
-        admitted = hits = candidates = adds = stops = preempted = 0
-        reason = ""
-        waiting_tokens = self._waiting_prompt_tokens()
-        waiting_count = len(self.waiting)
-        chunked = [r for r in self.running if r.num_computed < r.prompt_len]
-        if chunked:  # finish the chunked prefill before anything else (SGLang's chunked_req)
-            self._policy_pass = True  # SGLang's calc_priority runs with a chunked request too
-            req = chunked[0]
-            n_new = min(req.num_tokens - req.num_computed, cfg.chunked_prefill_size)
-            if pool.allocate(req.id, req.num_computed + n_new):
-                scheduled[req.id] = n_new
-        elif (
-            self.waiting
-            and len(self.running) < cfg.max_num_seqs
-            and not (self._batch_full and self.running)
-        ):
-            self._policy_pass = True
-            rem_input = cfg.max_prefill_tokens
-            rem_chunk = cfg.chunked_prefill_size
-            reserve = sum(
-                math.ceil((r.output_len - r.num_output) * cfg.new_token_ratio) for r in self.running
-            )
-            timed, policy = self._timed, self.policy
-            timed(
-                policy.begin_step,
-                StepContext(
-                    num_running=len(self.running),
-                    max_running=cfg.max_num_seqs,
-                    token_budget=rem_input,
-                    free_blocks=pool.num_free,
-                    prefix_read_once=cfg.prefix_read_once,
-                ),
-            )
-            while len(self.running) < cfg.max_num_seqs and rem_input > 0 and rem_chunk > 0:
-                rid = timed(policy.next_candidate)
-                if rid is None:
-                    break
-                candidates += 1
-                req = self.by_id[rid]
-                hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
-                cached = len(hit) * cfg.block_size
-                self._note_candidate(req, cached)
-                extend = req.num_tokens - cached
-                n_new = min(extend, rem_chunk)
-                need_tokens = extend + math.ceil(
-                    (req.output_len - req.num_output) * cfg.new_token_ratio
-                )
-                free_tokens = (pool.num_free - pool.blocks_needed(req.id, 0, hit)) * cfg.block_size
-                no_token = need_tokens + reserve > free_tokens  # PrefillAdder: NO_TOKEN
-                if (
-                    no_token
-                    or (extend > rem_input and admitted)  # PrefillAdder: OTHER
-                    or not pool.allocate(req.id, cached + n_new, hit)
-                ):
-                    # NO_TOKEN with something running: no prefill until a request leaves
-                    self._batch_full = no_token and bool(self.running)
-                    timed(policy.refused, rid)
-                    break
-                timed(policy.admitted, rid)
-                self._admit(req, cached)
-                pool.cache_full_blocks(rid, req.hashes, cached + n_new)
-                hits += cached
-                scheduled[rid] = n_new
-                rem_input -= n_new
-                rem_chunk -= n_new
-                reserve += need_tokens - extend
-                admitted += 1
-                if n_new < extend:  # this one is chunked: it continues next step
-                    break
-            record = policy.last_step
-            reason = record.stop_reason.value if record.stop_reason else "prefill_budget"
-            adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
-            stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
-            self._decisions = len(record.decisions)
-        if scheduled:
-            self._execute(
-                step,
-                scheduled,
-                "prefill",
-                admitted,
-                0,
-                hits,
-                candidates,
-                adds,
-                stops,
-                reason,
-                waiting_count,
-                waiting_tokens,
-            )
-            return
-        running = self.running  # decode everyone; retract the least advanced on shortage
-        while running:
-            need = sum(pool.blocks_needed(r.id, r.num_computed + 1) for r in running)
-            if need <= pool.num_free:
-                break
-            victim = min(running, key=lambda r: (r.num_output, -r.prompt_len))
-            running.remove(victim)
-            self._preempt(victim, to_front=False)
-            self._batch_full = False  # a retraction frees memory, as SGLang resets the flag
-            preempted += 1
-        for req in running:
-            pool.allocate(req.id, req.num_computed + 1)
-            scheduled[req.id] = 1
-        self._execute(
-            step,
-            scheduled,
-            "decode",
-            0,
-            preempted,
-            0,
-            0,
-            0,
-            0,
-            "decode" if not preempted else "retracted",
-            waiting_count,
-            waiting_tokens,
-        )
-
     # ---- shared ----------------------------------------------------------------------------------
-    def _timed(self, call: Callable[..., Any], *args: Any) -> Any:
+    # ---- what a step rule calls ------------------------------------------------------------------
+    def timed(self, call: Callable[..., Any], *args: Any) -> Any:
         """A policy call, its CPU time counted as this step's scheduling time."""
         with self.timer.measure():
             return call(*args)
 
-    def _note_candidate(self, req: SimRequest, hit_tokens: int) -> None:
+    def begin_policy_pass(self, *, asked: bool, token_budget: int) -> None:
+        """Tell the policy a step is being formed (`asked`: it will be asked for candidates,
+        which the scheduling-cost model prices)."""
+        self.policy_pass = asked
+        cfg = self.config
+        self.timed(
+            self.policy.begin_step,
+            StepContext(
+                num_running=len(self.running),
+                max_running=cfg.max_num_seqs,
+                token_budget=token_budget,
+                free_blocks=self.pool.num_free,
+                prefix_read_once=cfg.prefix_read_once,
+            ),
+        )
+
+    def end_policy_pass(self) -> tuple[str | None, int, int]:
+        """The policy's own reason to stop admitting (None if it did not stop) and its
+        unforced ADD and STOP decisions this step."""
+        record = self.policy.last_step
+        self._decisions = len(record.decisions)
+        adds = sum(1 for d in record.decisions if not d.forced and d.action == "ADD")
+        stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
+        return (record.stop_reason.value if record.stop_reason else None), adds, stops
+
+    def note_candidate(self, req: SimRequest, hit_tokens: int) -> None:
         """A request the engine looks up in its prefix cache (priced per lookup)."""
         self._candidate_tokens += req.num_tokens
         self._candidate_hits += hit_tokens
 
-    def _layout(self, scheduled: dict[str, int]) -> list[str]:
-        """Kernel order of the scheduled requests (see the module docstring)."""
-        if self.config.mode == "sglang":
-            return [r.id for r in self.running if r.id in scheduled]
-        slots, slot_of = self.slots, self._slot_of
-        for rid in self._left_batch:
-            index = slot_of.pop(rid, None)
-            if index is not None:
-                slots[index] = None
-        self._left_batch.clear()
-        holes = [i for i, r in enumerate(slots) if r is None]
-        holes.reverse()  # pop() gives the lowest
-        for rid in scheduled:
-            if rid not in slot_of:
-                index = holes.pop() if holes else len(slots)
-                if index == len(slots):
-                    slots.append(None)
-                slots[index] = self.by_id[rid]
-                slot_of[rid] = index
-        holes.reverse()
-        for hole in holes:  # condense: the last request moves into the lowest hole
-            while slots and slots[-1] is None:
-                slots.pop()
-            if hole >= len(slots):
-                break
-            moved = slots.pop()
-            slots[hole] = moved
-            slot_of[moved.id] = hole
-        while slots and slots[-1] is None:
-            slots.pop()
-        return [r.id for r in slots if r is not None and r.id in scheduled]
-
-    def _admit(self, req: SimRequest, cached_tokens: int) -> None:
+    def admit(self, req: SimRequest, cached_tokens: int) -> None:
         self.waiting.discard(req.id)
         self._waiting_tokens -= req.num_tokens
         req.num_computed = cached_tokens
@@ -549,12 +322,13 @@ class Engine:
             req.cached_tokens = cached_tokens
         self.running.append(req)
 
-    def _preempt(self, req: SimRequest, to_front: bool = True) -> None:
-        del to_front  # where it waits is the policy's choice (see AdmissionPolicy.preempted)
+    def preempt(self, req: SimRequest) -> None:
+        """Free its KV and make it wait again (where it waits is the policy's choice: see
+        AdmissionPolicy.preempted)."""
         self.pool.free(req.id)
         req.num_computed = 0
         req.block_ids = ()
-        self._left_batch.append(req.id)
+        self.rule.left(req.id)
         req.preemptions += 1
         self.waiting.add(req.id)
         self._waiting_tokens += req.num_tokens
@@ -583,29 +357,18 @@ class Engine:
                 continue  # no block completed (most decode steps)
             self._ever_computed.update(req.block_hashes(bs)[start // bs : stop // bs])
 
-    def _waiting_prompt_tokens(self) -> int:
+    @property
+    def waiting_tokens(self) -> int:
+        """Tokens of the waiting requests."""
         return self._waiting_tokens
 
-    def _execute(
-        self,
-        step: int,
-        scheduled: dict[str, int],
-        phase: str,
-        admitted: int,
-        preempted: int,
-        hits: int,
-        candidates: int,
-        adds: int,
-        stops: int,
-        reason: str,
-        waiting_count: int,
-        waiting_tokens: int,
-    ) -> None:
-        cfg, pool = self.config, self.pool
+    # ---- running the planned step ----------------------------------------------------------------
+    def _execute(self, step: int, plan: StepPlan) -> None:
+        cfg, pool, scheduled = self.config, self.pool, plan.scheduled
         if not scheduled and not self.running:
             if self._next_arrival < len(self.pending):  # idle: wait for the next arrival
                 self.timer.end_step()
-                self._policy_pass = False
+                self.policy_pass = False
                 self._decisions = self._candidate_tokens = self._candidate_hits = 0
                 self.clock = max(self.clock, self.pending[self._next_arrival].arrival_s)
                 return
@@ -614,7 +377,7 @@ class Engine:
                 f"{len(self.waiting)} request(s) wait and none will arrive: it would never finish"
             )
         seqs = []
-        for rid in self._layout(scheduled):
+        for rid in self.rule.layout(self, scheduled):
             n_new = scheduled[rid]
             req = self.by_id[rid]
             total = req.num_computed + n_new
@@ -648,30 +411,29 @@ class Engine:
             if req.num_output >= req.output_len:
                 req.finish_s = self.clock
                 self.running.remove(req)
-                self._left_batch.append(rid)
+                self.rule.left(rid)
                 pool.free(rid)
                 with self.timer.measure():
                     self.policy.finished(rid)
                 finished += 1
                 self._unfinished -= 1
-                self._batch_full = False  # SGLang: the running batch shrank
         self._note_computed(computed)
         timing = self.timer.end_step()
         work = StepWork(
-            candidates=candidates,
+            candidates=plan.candidates,
             arrivals=self._arrivals,
             arrival_tokens=self._arrival_tokens,
             finished=finished,
-            waiting=waiting_count,
-            waiting_tokens=waiting_tokens,
-            policy_pass=self._policy_pass,
+            waiting=plan.waiting_count,
+            waiting_tokens=plan.waiting_tokens,
+            policy_pass=self.policy_pass,
             decisions=self._decisions,
             candidate_tokens=self._candidate_tokens,
             candidate_hit_tokens=self._candidate_hits,
             tree_nodes=getattr(self.policy, "tree_nodes", 0),
         )
         self._arrivals = self._arrival_tokens = 0
-        self._policy_pass = False
+        self.policy_pass = False
         self._decisions = self._candidate_tokens = self._candidate_hits = 0
         sched_model = self.sched_cost_fn(self.policy.name, work)
         if cfg.overlap_scheduling:  # the next batch is formed while this one runs
@@ -686,19 +448,19 @@ class Engine:
                     step=step,
                     start_s=start,
                     step_time_s=step_time,
-                    phase=phase,
+                    phase=plan.phase,
                     batch=batch,
                     decode_seqs=decode_seqs,
                     prefill_tokens=prefill_tokens,
                     sampled_tokens=sampled,
-                    admitted=admitted,
-                    preempted=preempted,
+                    admitted=plan.admitted,
+                    preempted=plan.preempted,
                     finished=finished,
-                    cache_hit_tokens=hits,
-                    candidates=candidates,
-                    decisions_add=adds,
-                    decisions_stop=stops,
-                    stop_reason=reason,
+                    cache_hit_tokens=plan.hits,
+                    candidates=plan.candidates,
+                    decisions_add=plan.adds,
+                    decisions_stop=plan.stops,
+                    stop_reason=plan.reason,
                     work=work,
                     free_blocks=pool.num_free,
                     sched_cpu_s=timing.cpu_s,
