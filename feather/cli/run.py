@@ -11,31 +11,71 @@ from feather.cli.common import add_engine_limits
 from feather.cli_values import positive_int, seed
 from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
 
+VLLM_ONLY = {"--cascade-attention": "default", "--attention": "vllm", "--async-scheduling": False}
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    if args.engine == "sglang":  # GPU only; its runner says why not before reading anything
-        from feather.engines.sglang.runner import run_cli
-
-        return run_cli(args)
     import dataclasses
-    from pathlib import Path
 
     from feather.engines.runs import engine_runs
-    from feather.engines.vllm.runner import (
-        EngineSetup,
-        VllmSession,
-        required_model_len,
-        write_vllm_run,
-    )
+    from feather.engines.session import run_all
     from feather.models import register_model_profiles
     from feather.workloads import load_workload
 
+    def say(message: str) -> None:
+        if not args.quiet:
+            print(f"[run] {message}", file=sys.stderr, flush=True)
+
+    if args.engine == "sglang":  # GPU only: say why not before reading anything
+        from feather.engines.sglang import runner as sglang
+
+        changed = [flag for flag, default in VLLM_ONLY.items()
+                   if getattr(args, flag[2:].replace("-", "_")) != default]
+        if changed:
+            print(f"feather run: {', '.join(changed)}: vLLM options, not SGLang's",
+                  file=sys.stderr)
+            return 2
+        try:
+            sglang.check_can_run()
+        except sglang.SGLangUnavailable as exc:
+            print(f"feather run: {exc}", file=sys.stderr)
+            return 2
     register_model_profiles(args.model_profile)
     runs = engine_runs(args.scheduler, args.seed, args.repeats)  # checked against the classes
+    runs = [dataclasses.replace(run, workload=args.workload) for run in runs]
     workload = load_workload(args.workload)
     if not workload.requests:
         raise ValueError(f"workload {args.workload!r} holds no requests: nothing to run")
-    setup = EngineSetup(
+    if args.engine == "sglang":
+        sglang.check_runs(runs, workload, args.workload)
+        groups = sglang.sessions(sglang.setup_from_args(args), runs, workload, say)
+    else:
+        from feather.engines.vllm import runner as vllm
+
+        groups = vllm.sessions(_vllm_setup(args), runs, workload, say)
+    results = run_all(
+        groups, workload, out=args.out, run_prefix=args.run_prefix, total=len(runs), say=say
+    )
+    if args.json:
+        print(
+            json.dumps([{k: v for k, v in s.items() if k != "provenance"} for _, s, _ in results])
+        )
+    else:
+        for run, summary, out in results:
+            print(
+                f"{run.scheduler:<16} r{run.repeat}  {summary['output_tok_s']:10,.1f} output tok/s"
+                f"  makespan {summary['makespan_s']:7.2f} s  prefix-cache hit "
+                f"{summary['prefix_cache_hit_rate']:.2f}  preemptions "
+                f"{summary.get('preemptions', '-')}"
+                f"  -> {out}"
+            )
+    return 0
+
+
+def _vllm_setup(args: argparse.Namespace) -> Any:
+    from feather.engines.vllm.runner import EngineSetup
+
+    return EngineSetup(
         model=args.model,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -49,42 +89,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         threads=args.threads,
         model_root=args.model_root,
     )
-
-    def say(message: str) -> None:
-        if not args.quiet:
-            print(f"[run] {message}", file=sys.stderr, flush=True)
-
-    session = VllmSession(setup, setup.max_model_len or required_model_len([workload]), say)
-    single = len(runs) == 1
-    results = []
-    try:
-        for i, run in enumerate(runs, 1):
-            run = dataclasses.replace(run, workload=args.workload)
-            name = f"{args.run_prefix}{run.scheduler}__r{run.repeat}"
-            out = Path(args.out) if single and not args.run_prefix else Path(args.out) / name
-            result = session.run(run, workload)
-            write_vllm_run(result, out)
-            results.append((run, result.summary, out))
-            say(
-                f"run {i}/{len(runs)}: {run.scheduler} r{run.repeat}: "
-                f"{result.summary['output_tok_s']:,.1f} output tok/s, prefix-cache hit "
-                f"{result.summary['prefix_cache_hit_rate']:.2f} -> {out}"
-            )
-    finally:
-        session.close()
-    if args.json:
-        print(
-            json.dumps([{k: v for k, v in s.items() if k != "provenance"} for _, s, _ in results])
-        )
-    else:
-        for run, summary, out in results:
-            print(
-                f"{run.scheduler:<16} r{run.repeat}  {summary['output_tok_s']:10,.1f} output tok/s"
-                f"  makespan {summary['makespan_s']:7.2f} s  prefix-cache hit "
-                f"{summary['prefix_cache_hit_rate']:.2f}  preemptions {summary['preemptions']}"
-                f"  -> {out}"
-            )
-    return 0
 
 
 def register(commands: Any) -> None:

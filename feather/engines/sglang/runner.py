@@ -17,6 +17,7 @@ import math
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -283,81 +284,89 @@ def build_result(session: SGLangSession, workload: Any, workload_spec: str, labe
     return {"summary": summary, "trace": trace, "requests": request_table, "nvml": series}
 
 
-def run_cli(args: Any) -> int:
-    """`feather run --engine sglang`: the same options as for vLLM where they mean the same
-    (`--max-num-seqs` = max_running_requests, `--max-num-batched-tokens` = chunked prefill
-    size, `--num-blocks` x `--block-size` = KV pool tokens, `--block-size` = page size)."""
-    import json
-    import sys
-
-    from feather.engines.runs import engine_runs
-    from feather.models import register_model_profiles
-    from feather.policies import resolve_scheduler
-    from feather.rundir import write_run_dir
-    from feather.telemetry import NVML_FILE, NvmlSampler
-    from feather.workloads import load_workload
-
-    def say(message: str) -> None:
-        if not args.quiet:
-            print(f"[run] {message}", file=sys.stderr, flush=True)
-
-    vllm_only = [flag for flag, used in (
-        ("--cascade-attention", args.cascade_attention != "default"),
-        ("--attention", args.attention != "vllm"),
-        ("--async-scheduling", args.async_scheduling),
-    ) if used]
-    if vllm_only:
-        print(f"feather run: {', '.join(vllm_only)}: vLLM options, not SGLang's", file=sys.stderr)
-        return 2
-    try:
-        check_can_run()  # before the workload is read or anything starts
-    except SGLangUnavailable as exc:
-        print(f"feather run: {exc}", file=sys.stderr)
-        return 2
-    register_model_profiles(args.model_profile)
-    runs = engine_runs(args.scheduler, args.seed, args.repeats)
-    for run in runs:
-        if not is_native(run.scheduler_class, run.params):
-            resolve_scheduler(run.scheduler_class)
-    workload = load_workload(args.workload)
-    if workload.statistics.get("arrival_span_s", 0.0) > 0:
-        raise ValueError(f"{args.workload}: build the workload with --arrival all")
+def setup_from_args(args: Any) -> SGLangSetup:
+    """`feather run`'s options as SGLang's: `--max-num-seqs` = max_running_requests,
+    `--max-num-batched-tokens` = chunked prefill size, `--num-blocks` x `--block-size` = KV
+    pool tokens, `--block-size` = page size."""
     page = args.block_size
-    setup = SGLangSetup(
+    return SGLangSetup(
         model=args.model, max_running_requests=args.max_num_seqs,
         chunked_prefill_size=args.max_num_batched_tokens,
         max_total_tokens=args.num_blocks * (page or 1) if args.num_blocks else None,
         page_size=page, context_length=args.max_model_len, dtype=args.dtype,
         model_root=args.model_root,
     )
-    labels = list(dict.fromkeys(run.scheduler for run in runs))
-    summaries = []
-    for label in labels:
+
+
+def check_runs(runs: list, workload: Any, workload_spec: str) -> None:
+    """Before any engine starts: every scheduler SGLang does not own resolves, and the
+    workload is offline (SGLang's runs submit every request at t = 0)."""
+    from feather.policies import resolve_scheduler
+
+    for run in runs:
+        if not is_native(run.scheduler_class, run.params):
+            resolve_scheduler(run.scheduler_class)
+    if workload.statistics.get("arrival_span_s", 0.0) > 0:
+        raise ValueError(f"{workload_spec}: build the workload with --arrival all")
+
+
+@dataclass
+class SGLangRunOutput:
+    """One repeat's tables and summary (`build_result`), written as the vLLM runner's."""
+
+    result: dict[str, Any]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return self.result["summary"]
+
+    def write(self, out_dir: str | Path) -> Path:
+        from feather.rundir import write_run_dir
+        from feather.telemetry import NVML_FILE
+
+        r = self.result
+        return write_run_dir(out_dir, r["trace"], r["requests"], r["summary"],
+                             {NVML_FILE: r["nvml"]})
+
+
+class SGLangRunSession:
+    """The run interface (`feather.engines.session`) over one scheduler's engine and the
+    temporary directory its scheduler records into."""
+
+    def __init__(self, session: SGLangSession, trace_dir: tempfile.TemporaryDirectory) -> None:
+        self.session, self._trace_dir = session, trace_dir
+
+    def run(self, run: Any, workload: Any) -> SGLangRunOutput:
+        from feather.telemetry import NvmlSampler
+
+        started_utc = datetime.now(UTC).isoformat(timespec="milliseconds")
+        wall0 = time.perf_counter()
+        with NvmlSampler() as nvml:
+            steps, reqs = self.session.run(workload, run.repeat, f"{run.scheduler}:")
+        return SGLangRunOutput(build_result(
+            self.session, workload, run.workload, run.scheduler, run.params, run.seed,
+            run.repeat, steps, reqs, started_utc, time.perf_counter() - wall0, nvml,
+        ))
+
+    def close(self) -> None:
+        try:
+            self.session.close()
+        finally:
+            self._trace_dir.cleanup()
+
+
+def sessions(setup: SGLangSetup, runs: list, workload: Any, say: Any) -> Iterator[tuple]:
+    """One engine start per scheduler label, in the order the labels first appear, serving
+    that label's repeats; the next starts only once the caller has closed this one."""
+    for label in dict.fromkeys(run.scheduler for run in runs):
         mine = [run for run in runs if run.scheduler == label]
         first = mine[0]
-        with tempfile.TemporaryDirectory(prefix="feather-sglang-") as trace_dir:
-            say(f"starting sglang for {label}")
+        trace_dir = tempfile.TemporaryDirectory(prefix="feather-sglang-")
+        say(f"starting sglang for {label}")
+        try:
             session = SGLangSession(setup, first.scheduler_class, first.params, first.seed,
-                                    required_context(workload), Path(trace_dir))
-            try:
-                for run in mine:
-                    name = f"{args.run_prefix}{label}__r{run.repeat}"
-                    single = len(runs) == 1 and not args.run_prefix
-                    out = Path(args.out) if single else Path(args.out) / name
-                    started_utc = datetime.now(UTC).isoformat(timespec="milliseconds")
-                    wall0 = time.perf_counter()
-                    with NvmlSampler() as nvml:
-                        steps, reqs = session.run(workload, run.repeat, f"{label}:")
-                    result = build_result(session, workload, args.workload, label, run.params,
-                                          run.seed, run.repeat, steps, reqs, started_utc,
-                                          time.perf_counter() - wall0, nvml)
-                    write_run_dir(out, result["trace"], result["requests"], result["summary"],
-                                  {NVML_FILE: result["nvml"]})
-                    summaries.append(result["summary"])
-                    say(f"{label} r{run.repeat}: {result['summary']['output_tok_s']:,.1f} "
-                        f"output tok/s -> {out}")
-            finally:
-                session.close()
-    if args.json:
-        print(json.dumps([{k: v for k, v in s.items() if k != "provenance"} for s in summaries]))
-    return 0
+                                    required_context(workload), Path(trace_dir.name))
+        except BaseException:
+            trace_dir.cleanup()
+            raise
+        yield SGLangRunSession(session, trace_dir), mine

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -108,6 +108,10 @@ class VllmResult:
     trace: pa.Table
     requests: pa.Table
     nvml: pa.Table | None = None  # the NVML series; None where NVML was unavailable
+
+    def write(self, out_dir: str | Path) -> Path:
+        """The run directory (`feather.engines.session`'s RunOutput)."""
+        return write_vllm_run(self, out_dir)
 
 
 def vllm_distribution() -> tuple[str, str]:
@@ -484,6 +488,17 @@ class VllmSession:
         if engine is not None:
             engine.llm_engine.engine_core.shutdown()
             self.llm = None
+
+
+def sessions(
+    setup: EngineSetup,
+    runs: list[EngineRun],
+    workload: Workload,
+    say: Callable[[str], None],
+) -> Iterator[tuple[VllmSession, list[EngineRun]]]:
+    """One engine start serves every run (scheduler and repeat): the scheduler is swapped
+    between runs, so repeats interleave across schedulers in one process."""
+    yield VllmSession(setup, setup.max_model_len or required_model_len([workload]), say), runs
 
 
 def write_vllm_run(result: VllmResult, out_dir: str | Path) -> Path:
