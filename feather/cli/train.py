@@ -8,6 +8,7 @@ from typing import Any
 
 from feather.cli.common import _parse_params, add_engine_limits
 from feather.cli_values import seeds
+from feather.engine_limits import ENGINE_MODES
 from feather.kernels.plan import KERNELS
 
 
@@ -86,7 +87,7 @@ def register(commands: Any) -> None:
     tr.add_argument("--hardware", required=True)
     tr.add_argument("--model", required=True)
     tr.add_argument("--kernel", choices=KERNELS, default="paged")
-    tr.add_argument("--engine-mode", choices=["vllm", "sglang"], default="vllm")
+    tr.add_argument("--engine-mode", choices=ENGINE_MODES, default="vllm")
     add_engine_limits(tr)
     tr.add_argument("--out", required=True, help="the trained policy's JSON file")
     tr.add_argument("--quiet", action="store_true")

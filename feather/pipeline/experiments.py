@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from feather.engine_limits import ENGINE_MODES
 from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
 from feather.kernels.plan import KERNELS
 from feather.sim.sched_measured import COST_MODELS
@@ -440,8 +441,6 @@ def _check_workload_options(spec: str, kind: str, options: str) -> None:
     if "min" in given and "max" in given and int(given["min"]) > int(given["max"]):
         raise ExperimentError(f"workload {spec!r}: min is larger than max")
 
-
-ENGINE_MODES = ("vllm", "sglang")
 # `feather run` flags an engine_runs entry's options may set (each becomes --key value)
 ENGINE_RUN_OPTIONS = {
     *ENGINE_FIELDS, "max_model_len", "dtype", "cascade_attention", "attention", "threads"

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from feather.chunk_hash import chunk_hashes
-from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
+from feather.engine_limits import DEFAULT_MAX_NUM_SEQS, ENGINE_MODES
 from feather.policies.base import AdmissionPolicy, Request, StepContext, StepOutcome
 from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.kv_pool import BlockPool
@@ -85,7 +85,7 @@ class EngineConfig:
     max_steps: int = 5_000_000
 
     def __post_init__(self) -> None:
-        if self.mode not in ("vllm", "sglang"):
+        if self.mode not in ENGINE_MODES:
             raise ValueError(f"engine mode must be vllm or sglang, got {self.mode!r}")
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:

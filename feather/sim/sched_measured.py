@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from feather.engine_limits import ENGINE_MODES
+
 if TYPE_CHECKING:
     from feather.sim.sched_cost import StepWork
 
@@ -130,7 +132,7 @@ class MeasuredCostModel:
         if name not in data["models"]:
             raise ValueError(f"no measured scheduling-cost model {name!r} in the data; "
                              f"it has {', '.join(data['models'])}")
-        if mode not in ("vllm", "sglang"):
+        if mode not in ENGINE_MODES:
             raise ValueError(f"engine mode must be vllm or sglang, got {mode!r}")
         release = data["models"][name]["release"]
         parts = data["components"]
