@@ -34,7 +34,7 @@ from feather.cli_values import MAX_COUNT, MAX_SEED
 from feather.models import ModelProfile
 from feather.pipeline import checks
 from feather.policies import resolve_scheduler, scheduler_names
-from feather.policies.feather import CONSULT
+from feather.policies.cht_policy import CONSULT
 from feather.policies.registry import scheduler_parameters
 from feather.sim.hardware import HardwareProfile
 from feather.workloads import load_workload, write_workload

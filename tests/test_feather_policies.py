@@ -20,13 +20,10 @@ from feather.policies import (
     StepOutcome,
     create_scheduler,
 )
-from feather.policies.feather import (
-    REWARD_WINDOWS,
-    DecisionState,
-    FeatherStaticPolicy,
-    _Window,
-)
+from feather.policies.cht_policy import DecisionState
+from feather.policies.learned import REWARD_WINDOWS, _Window
 from feather.policies.learning import QTable, StateBuckets, UCBTable, greedy_action
+from feather.policies.static_rules import FeatherStaticPolicy
 
 FEATHER = ("feather-static", "feather-reference", "feather-ucb", "feather-qlearn")
 

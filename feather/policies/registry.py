@@ -21,11 +21,11 @@ _BUILTIN: dict[str, str] = {
     "fcfs": "feather.policies.fcfs:FCFSPolicy",
     "lpm": "feather.policies.lpm:LPMPolicy",
     "dfs-weight": "feather.policies.dfs_weight:DFSWeightPolicy",
-    "feather-static": "feather.policies.feather:FeatherStaticPolicy",
-    "feather-nostop": "feather.policies.feather:FeatherNoStopPolicy",
-    "feather-reference": "feather.policies.feather:FeatherReferencePolicy",
-    "feather-ucb": "feather.policies.feather:FeatherUCBPolicy",
-    "feather-qlearn": "feather.policies.feather:FeatherQLearningPolicy",
+    "feather-static": "feather.policies.static_rules:FeatherStaticPolicy",
+    "feather-nostop": "feather.policies.static_rules:FeatherNoStopPolicy",
+    "feather-reference": "feather.policies.static_rules:FeatherReferencePolicy",
+    "feather-ucb": "feather.policies.learned:FeatherUCBPolicy",
+    "feather-qlearn": "feather.policies.learned:FeatherQLearningPolicy",
     "batches": "feather.policies.fixed_batches:FixedBatchesPolicy",
 }
 

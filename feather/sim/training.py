@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from feather.policies import create_engine_policy
-from feather.policies.feather import FeatherLearningPolicy
+from feather.policies.learned import FeatherLearningPolicy
 from feather.sim.run import SimulationSpec, simulate
 from feather.workloads import Workload, load_workload
 

@@ -1,0 +1,481 @@
+"""The learning Feather rules: `feather-ucb` (a contextual bandit) and `feather-qlearn` (tabular
+Q-learning) over `FeatherPolicy`, learning online from the throughput a decision earned and
+saved to / loaded from a small JSON file (tables and state buckets: `learning.py`)."""
+
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections import deque
+from pathlib import Path
+from typing import Any, ClassVar
+
+from feather.atomic import write_json_atomic
+from feather.policies.base import (
+    Action,
+    StepOutcome,
+)
+from feather.policies.cht_policy import CONSULT, STOP_HOLDS, DecisionState, FeatherPolicy
+from feather.policies.learning import (
+    QTable,
+    StateBuckets,
+    UCBTable,
+    greedy_action,
+    known_actions,
+)
+
+POLICY_FILE_FORMAT = "feather-policy/1"
+
+
+class _Totals:
+    """Running sums over every step reported so far; a reward window is the difference
+    between two snapshots, so an open window costs nothing per step."""
+
+    __slots__ = ("all_time_s", "all_tokens", "decode_time_s", "decode_tokens", "steps")
+
+    def __init__(self) -> None:
+        self.decode_tokens = 0  # tokens of the steps without prefill
+        self.decode_time_s = 0.0
+        self.all_tokens = 0  # every step's, prefill included (reward_signal "all-steps")
+        self.all_time_s = 0.0
+        self.steps = 0
+
+    def add(self, outcome: StepOutcome) -> None:
+        if outcome.prefill_tokens == 0 and outcome.step_time_s > 0:
+            self.decode_tokens += outcome.tokens
+            self.decode_time_s += outcome.step_time_s
+        self.all_tokens += outcome.tokens
+        self.all_time_s += outcome.step_time_s
+        self.steps += 1
+
+    def snapshot(self) -> tuple[int, float, int, float, int]:
+        return (
+            self.decode_tokens,
+            self.decode_time_s,
+            self.all_tokens,
+            self.all_time_s,
+            self.steps,
+        )
+
+
+class _Window:
+    """The decisions of one step and the steps credited to them (from `start` on)."""
+
+    __slots__ = ("decisions", "first_batch", "first_time_s", "group_changes", "next_key", "start")
+
+    def __init__(
+        self,
+        decisions: list[tuple[str, Action]],
+        start: tuple[int, float, int, float, int],
+        group_changes: int,
+    ) -> None:
+        self.decisions = decisions
+        self.start = start  # `_Totals.snapshot()` before the window's first step
+        self.group_changes = group_changes  # the CHT's count when the decisions took effect
+        self.first_batch = 0  # the first step's batch size and time ("one-step")
+        self.first_time_s = 0.0
+        self.next_key: str | None = None  # the next decision's state (Q-learning's s')
+
+    def steps(self, totals: _Totals) -> int:
+        return totals.steps - self.start[4]
+
+    def tokens_and_time(self, signal: str, totals: _Totals) -> tuple[int, float]:
+        if signal == "one-step":
+            return self.first_batch, self.first_time_s
+        decode_tokens, decode_time_s, all_tokens, all_time_s, _ = self.start
+        if signal == "decode":
+            return totals.decode_tokens - decode_tokens, totals.decode_time_s - decode_time_s
+        return totals.all_tokens - all_tokens, totals.all_time_s - all_time_s
+
+
+# decode: the paper's; all-steps: prefill steps counted; one-step: the public branch's
+# reference reward, the next step's batch size over its time
+REWARD_SIGNALS = ("decode", "all-steps", "one-step")
+# until-next: a window ends at the next step that decides; horizon: every window runs its
+# reward_horizon steps, overlapping the windows of later decisions; lifetime: a window runs
+# at least reward_horizon steps, then while the running set's prefix groups stay as they
+# were (the batch the decisions formed), at most LIFETIME_MAX_STEPS
+REWARD_WINDOWS = ("until-next", "horizon", "lifetime")
+LIFETIME_MAX_STEPS = 4096
+
+
+class FeatherLearningPolicy(FeatherPolicy):
+    """A Feather policy whose rule is a table learned online from decode throughput.
+
+    The decisions of a step are credited with the decode throughput of the batch they formed:
+    tokens / seconds over the steps that follow without prefill, up to the next step that
+    takes decisions or `reward_horizon` steps, whichever comes first. A window with no
+    prefill-free step gives no reward (no evidence). Prefill is left out because both actions
+    pay it: ADD now, STOP later, when the held-back requests are admitted; counting it would
+    charge every ADD for work a STOP only postpones. For Q-learning, a decision's next state is
+    the next decision's state (the same step's, or the next window's first).
+
+    Parameters (besides FeatherPolicy's):
+        frozen: act greedily and never update (a policy trained elsewhere, deployed); a state
+            the table never saw takes STOP only where the seen states imply it
+            (`StateBuckets.generalise`), else ADD; and every decision is ADD where the
+            engine's kernel is not the kind the table was trained on (`trained_on`: cascade,
+            which reads a batch's common prefix once, or one that reads each request's KV).
+        policy_file: load the table from this JSON file (see `save`); its bucket edges,
+            learner parameters and decision rule (`consult`, `stop_holds`) replace the ones
+            given here, so a table runs as it was trained.
+        reward_horizon: at most this many steps are credited to one step's decisions.
+        reward_scale_tok_s: divide throughput by this; None = by the highest throughput (of
+            the same signal) seen so far.
+        reward_signal: "decode" (the paper's: the window's prefill-free steps) or "all-steps"
+            (tokens over the whole window's time, prefill steps included: it charges ADD for
+            the prefill it admits and STOP for none until the held-back requests come in) -
+            the alternative measured against the paper's in docs/stop.md; or "one-step" (the
+            public vLLM branch's reference reward: the next step's batch size over its time).
+        reward_window: "until-next" (a window ends at the next step that takes decisions:
+            where decisions come every step, as when the rule is asked at every candidate,
+            each is judged on one step), "horizon" (every window runs `reward_horizon`
+            steps whatever later decisions do; the windows overlap) or "lifetime" (a window
+            runs `reward_horizon` steps and then on while the running set holds the same
+            prefix groups: a STOP is judged on the homogeneous batch it kept, an ADD that
+            opened a group on the mixed batch it made, each until a group starts or drains;
+            the minimum keeps an ADD from being judged only on its own prefill when the next
+            group opens a step later; `LIFETIME_MAX_STEPS` bounds it).
+        buckets: state bucket edges, `{"batch": [...], "delta_tokens": [...], "w": [...]}`,
+            optionally `"groups": [...]` (distinct prefix groups running) and `"joins": true`
+            (whether the candidate joins a running group), see `StateBuckets`.
+        confidence: the deployed (greedy) choice is STOP only where STOP's value beats
+            ADD's by more than this many standard errors (0, the default: the higher value
+            wins); see `learning._ActionTable`. Saved with the table.
+    """
+
+    table_kind: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        chunk_size: int = 16,
+        max_bypass: int | None = 1000,
+        candidate_order: str = "deepest",
+        consult: str = "kernel",
+        min_share_tokens: int = 256,
+        frozen: bool = False,
+        policy_file: str | Path | None = None,
+        reward_horizon: int = 16,
+        reward_scale_tok_s: float | None = None,
+        reward_signal: str = "decode",
+        reward_window: str = "until-next",
+        buckets: dict[str, Any] | None = None,
+        confidence: float = 0.0,
+        stop_holds: str = "step",
+    ) -> None:
+        super().__init__(
+            seed=seed,
+            chunk_size=chunk_size,
+            max_bypass=max_bypass,
+            candidate_order=candidate_order,
+            consult=consult,
+            min_share_tokens=min_share_tokens,
+            stop_holds=stop_holds,
+        )
+        if reward_horizon < 1:
+            raise ValueError(f"reward_horizon must be >= 1, got {reward_horizon}")
+        if reward_scale_tok_s is not None and reward_scale_tok_s <= 0:
+            raise ValueError(f"reward_scale_tok_s must be > 0, got {reward_scale_tok_s}")
+        if not confidence >= 0:
+            raise ValueError(f"confidence must be >= 0, got {confidence}")
+        if reward_signal not in REWARD_SIGNALS:
+            raise ValueError(
+                f"reward_signal must be one of {', '.join(REWARD_SIGNALS)}, got {reward_signal!r}"
+            )
+        if reward_window not in REWARD_WINDOWS:
+            raise ValueError(
+                f"reward_window must be one of {', '.join(REWARD_WINDOWS)}, got {reward_window!r}"
+            )
+        self.reward_signal = reward_signal
+        self.reward_window = reward_window
+        self.frozen = frozen
+        self.reward_horizon = reward_horizon
+        self.reward_scale_tok_s = reward_scale_tok_s
+        self.buckets = StateBuckets.from_json(buckets) if buckets else StateBuckets()
+        self.rng = random.Random(seed)
+        self.table = self._new_table()
+        self.table.confidence = confidence
+        self.policy_file: str | None = None
+        self.policy_file_sha256: str | None = None
+        self.updates = 0
+        # where the table was learned (hardware, model, kernel, engine mode): the regime
+        # boundary is the device's - a table learned on one GPU can lose on another
+        self.trained_on: dict[str, Any] | None = None
+        self.decisions_taken = 0  # delegated decisions, frozen or not
+        self._max_throughput = 0.0
+        self._windows: deque[_Window] = deque()  # open, oldest first
+        self._totals = _Totals()
+        self._step_decisions: list[tuple[str, Action]] = []
+        self._decided_step = -1
+        self._known: dict[str, Action] | None = None  # frozen: state -> greedy action
+        if policy_file is not None:
+            self.load(policy_file)
+
+    def _new_table(self) -> UCBTable | QTable:
+        raise NotImplementedError
+
+    # ---- deciding and learning -----------------------------------------------------------
+    def _kernel_unlike_training(self) -> bool:
+        """A frozen table learned where the kernel reads a batch's common prefix once
+        (cascade) says nothing of a kernel that reads every request's own KV, and the other
+        way round: where stopping pays is the kernel's (docs/stop.md). Measured: the held
+        UCB table learned on the A100 with cascade, deployed on its paged kernel, ran at
+        0.951x FCFS on the never-worse family's C1 shape."""
+        kernel = (self.trained_on or {}).get("kernel")
+        if not self.frozen or kernel is None:
+            return False
+        return (kernel == "cascade") != self._ctx.prefix_read_once
+
+    def _decide(self, state: DecisionState) -> Action:
+        if self._kernel_unlike_training():
+            return Action.ADD  # not the table's regime: the choice that cannot lose sharing
+        key = self.buckets.key(
+            state.batch_size,
+            state.delta_tokens,
+            state.w,
+            groups=state.groups_running,
+            joins=state.joins_group,
+        )
+        if self.frozen:
+            if self._known is None:
+                self._known = known_actions(self.table)
+            action = self.buckets.generalise(key, self._known)
+        else:
+            action = self.table.choose(key, greedy=False, rng=self.rng)
+        self.decisions_taken += 1
+        if self._decided_step != self._step:
+            self._decided_step, self._step_decisions = self._step, []
+        self._step_decisions.append((key, action))
+        return action
+
+    def report_step(self, outcome: StepOutcome) -> None:
+        windows = self._windows
+        if self.reward_window == "lifetime":
+            # the batch a window's decisions formed is gone once a group started or stopped
+            # running after its first reward_horizon steps (its own prefill, and the ADDs that
+            # complete it, come first); windows open oldest first, with the most steps
+            changes = self.cht.group_changes
+            while (
+                windows
+                and windows[0].steps(self._totals) >= self.reward_horizon
+                and windows[0].group_changes != changes
+            ):
+                self._credit(windows.popleft())
+        decided_now = self._decided_step == self._step and self._step_decisions
+        if decided_now:
+            first_key = self._step_decisions[0][0]
+            for window in reversed(windows):  # the newest lack a next state, the rest have one
+                if window.next_key is not None:
+                    break
+                window.next_key = first_key
+            if self.reward_window == "until-next":
+                while windows:
+                    self._credit(windows.popleft())
+            windows.append(
+                _Window(self._step_decisions, self._totals.snapshot(), self.cht.group_changes)
+            )
+            self._step_decisions = []
+        if outcome.step_time_s > 0:
+            if self.reward_signal == "one-step":
+                self._max_throughput = max(
+                    self._max_throughput, outcome.batch_size / outcome.step_time_s
+                )
+            elif outcome.prefill_tokens == 0 or self.reward_signal == "all-steps":
+                self._max_throughput = max(self._max_throughput, outcome.throughput_tok_s)
+        if windows and windows[-1].steps(self._totals) == 0:
+            windows[-1].first_batch = outcome.batch_size
+            windows[-1].first_time_s = outcome.step_time_s
+        self._totals.add(outcome)
+        if self.reward_signal == "one-step":
+            horizon = 1
+        elif self.reward_window == "lifetime":
+            horizon = LIFETIME_MAX_STEPS
+        else:
+            horizon = self.reward_horizon
+        # windows open oldest first, so the ones that ran their horizon are at the front
+        while windows and windows[0].steps(self._totals) >= horizon:
+            self._credit(windows.popleft())
+
+    def _credit(self, window: _Window) -> None:
+        next_key = window.next_key
+        tokens, seconds = window.tokens_and_time(self.reward_signal, self._totals)
+        if self.frozen or seconds <= 0:
+            # no evidence (no prefill-free step in the window): the choices stay counted as
+            # tried (`pending`), so a state that never yields evidence is not explored forever
+            return
+        scale = self.reward_scale_tok_s or self._max_throughput
+        if scale <= 0:
+            return
+        reward = min(1.0, (tokens / seconds) / scale)
+        decisions = window.decisions
+        for i, (key, action) in enumerate(decisions):
+            following = decisions[i + 1][0] if i + 1 < len(decisions) else next_key
+            self.table.update(key, action, reward, following)
+            self.updates += 1
+
+    def greedy_policy(self) -> dict[str, dict[str, Any]]:
+        """Every state the table has seen: its greedy action and visit counts per action."""
+        return {
+            key: {
+                "action": greedy_action(self.table, key).value,
+                "visits": {a.value: arm.count for a, arm in arms.items()},
+                "values": {a.value: arm.value for a, arm in arms.items()},
+            }
+            for key, arms in sorted(self.table.stats.items())
+        }
+
+    # ---- persistence ---------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": POLICY_FILE_FORMAT,
+            "policy": self.name,
+            "table_kind": self.table_kind,
+            "buckets": self.buckets.to_json(),
+            "learner": {"confidence": self.table.confidence, **self._learner_params()},
+            "updates": self.updates,
+            "trained_on": self.trained_on,
+            # where the table is asked and what a STOP means: a table deployed under another
+            # rule would meet states it never saw and STOPs it never chose
+            "decision": {"consult": self.consult, "stop_holds": self.stop_holds},
+            "table": self.table.to_json(),
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the learned table (and what it was learned with) as JSON, atomically."""
+        return write_json_atomic(path, self.to_json())
+
+    def load(self, path: str | Path) -> None:
+        """Replace the table with one saved by `save` (the same policy kind)."""
+        raw = Path(path).read_bytes()
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"policy file {path}: not JSON ({exc})") from exc
+        if data.get("format") != POLICY_FILE_FORMAT:
+            raise ValueError(
+                f"policy file {path}: format {data.get('format')!r}, "
+                f"expected {POLICY_FILE_FORMAT!r}"
+            )
+        if data.get("table_kind") != self.table_kind:
+            raise ValueError(
+                f"policy file {path} holds a {data.get('table_kind')!r} table "
+                f"(policy {data.get('policy')!r}); {self.name!r} needs {self.table_kind!r}"
+            )
+        self.buckets = StateBuckets.from_json(data["buckets"])
+        learner = data.get("learner", {})
+        self.table.confidence = float(learner.get("confidence", self.table.confidence))
+        self._set_learner_params(learner)
+        self.table.load_json(data["table"])
+        self._known = None
+        self.updates = int(data.get("updates", 0))
+        self.trained_on = data.get("trained_on")
+        decision = data.get("decision", {})  # files saved before it: the constructor's
+        consult = decision.get("consult", self.consult)
+        stop_holds = decision.get("stop_holds", self.stop_holds)
+        if consult not in CONSULT or stop_holds not in STOP_HOLDS:
+            raise ValueError(f"policy file {path}: unknown decision rule {decision}")
+        self.consult, self.stop_holds = consult, stop_holds
+        self.policy_file = str(path)
+        self.policy_file_sha256 = hashlib.sha256(raw).hexdigest()
+
+    def _learner_params(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _set_learner_params(self, params: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def params(self) -> dict[str, Any]:
+        return {
+            **super().params(),
+            "frozen": self.frozen,
+            "reward_horizon": self.reward_horizon,
+            "reward_scale_tok_s": self.reward_scale_tok_s,
+            "reward_signal": self.reward_signal,
+            "reward_window": self.reward_window,
+            "buckets": self.buckets.to_json(),
+            "learner": {"confidence": self.table.confidence, **self._learner_params()},
+            "policy_file": self.policy_file,
+            "policy_file_sha256": self.policy_file_sha256,
+            "trained_on": self.trained_on,
+        }
+
+
+class FeatherUCBPolicy(FeatherLearningPolicy):
+    """Feather with a contextual bandit (UCB1 per discretised state); `exploration` = c."""
+
+    name = "feather-ucb"
+    table_kind = "ucb"
+
+    def __init__(self, *, exploration: float = 1.0, **kwargs: Any) -> None:
+        if exploration < 0:
+            raise ValueError(f"exploration must be >= 0, got {exploration}")
+        self._exploration = exploration
+        super().__init__(**kwargs)
+
+    def _new_table(self) -> UCBTable:
+        return UCBTable(exploration=self._exploration)
+
+    def _learner_params(self) -> dict[str, Any]:
+        return {"exploration": self.table.exploration}
+
+    def _set_learner_params(self, params: dict[str, Any]) -> None:
+        self.table.exploration = float(params.get("exploration", self.table.exploration))
+
+
+class FeatherQLearningPolicy(FeatherLearningPolicy):
+    """Feather with tabular Q-learning and epsilon-greedy exploration (see `QTable`)."""
+
+    name = "feather-qlearn"
+    table_kind = "q"
+
+    def __init__(
+        self,
+        *,
+        alpha: float = 0.1,
+        gamma: float = 0.5,
+        epsilon_start: float = 0.2,
+        epsilon_min: float = 0.01,
+        epsilon_decay: float = 0.999,
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (
+            ("alpha", alpha),
+            ("gamma", gamma),
+            ("epsilon_start", epsilon_start),
+            ("epsilon_min", epsilon_min),
+            ("epsilon_decay", epsilon_decay),
+        ):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        self._q_params = {
+            "alpha": alpha,
+            "gamma": gamma,
+            "epsilon_start": epsilon_start,
+            "epsilon_min": epsilon_min,
+            "epsilon_decay": epsilon_decay,
+        }
+        super().__init__(**kwargs)
+
+    def _new_table(self) -> QTable:
+        return QTable(**self._q_params)
+
+    def _learner_params(self) -> dict[str, Any]:
+        table = self.table
+        return {
+            "alpha": table.alpha,
+            "gamma": table.gamma,
+            "epsilon_start": table.epsilon_start,
+            "epsilon_min": table.epsilon_min,
+            "epsilon_decay": table.epsilon_decay,
+            "decisions": table.decisions,
+        }
+
+    def _set_learner_params(self, params: dict[str, Any]) -> None:
+        for name in ("alpha", "gamma", "epsilon_start", "epsilon_min", "epsilon_decay"):
+            if name in params:
+                setattr(self.table, name, float(params[name]))
+        self.table.decisions = int(params.get("decisions", self.table.decisions))
