@@ -289,8 +289,9 @@ def test_cost_model_and_overlap_are_template_axes(tmp_path: Path) -> None:
         "w__fcfs__cost=port__overlap__s0", "w__fcfs__cost=port__serial__s0",
         "w__fcfs__cost=sglang-0.5.10__overlap__s0", "w__fcfs__cost=sglang-0.5.10__serial__s0",
     ]
-    args = next(r for r in runs if r.run_id == "w__fcfs__cost=port__serial__s0").cli_args()
-    assert args[-3:] == ["--sched-cost-model", "port", "--no-overlap-scheduling"]
+    serial = next(r for r in runs if r.run_id == "w__fcfs__cost=port__serial__s0")
+    simulation = serial.run_spec(config)["simulation"]
+    assert simulation["sched_cost_model"] == "port" and simulation["overlap_scheduling"] is False
     for bad, message in (({"sched_cost_model": "sglang-9"}, "unknown sched_cost_model"),
                          ({"overlap_scheduling": "yes"}, "true or false")):
         path.write_text(yaml.safe_dump({**spec, "runs": [{**template, **bad}]}))

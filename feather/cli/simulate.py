@@ -12,35 +12,29 @@ from feather.engine_limits import ENGINE_MODES
 from feather.kernels.plan import KERNELS
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
 
+# what a run is, given as flags; --spec gives all of it instead
+RUN_FLAGS = ("workload", "scheduler", "hardware", "model")
+
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from feather.models import register_model_profiles
-    from feather.sim.hardware import register_hardware_profiles
-    from feather.sim.run import SimulationSpec, simulate, stderr_progress, write_run
+    from feather.sim.run import simulate, stderr_progress, write_run
+    from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec
 
-    register_hardware_profiles(args.hardware_profile)
-    register_model_profiles(args.model_profile)
-    params = _parse_params(args.param, args.scheduler)
-    spec = SimulationSpec(
-        workload=args.workload,
-        scheduler=args.scheduler,
-        hardware=args.hardware,
-        model=args.model,
-        kernel=args.kernel,
-        engine_mode=args.engine_mode,
-        seed=args.seed,
-        scheduler_params=params,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        block_size=args.block_size,
-        num_blocks=args.num_blocks,
-        kv_pool_fraction=args.kv_pool_fraction,
-        sched_time=args.sched_time,
-        sched_cost_model=args.sched_cost_model,
-        overlap_scheduling=args.overlap_scheduling,
-    )
+    if args.spec is not None:
+        given = [f"--{name.replace('_', '-')}" for name, default in args.run_defaults.items()
+                 if getattr(args, name) != default]
+        if given:
+            raise ValueError(f"--spec holds the whole run; drop {', '.join(given)}")
+        run_spec = RunSpec.load(args.spec)
+    else:
+        lacking = [f"--{name}" for name in RUN_FLAGS if getattr(args, name) is None]
+        if lacking:
+            raise ValueError(f"give --spec, or {', '.join(lacking)}")
+        run_spec = _spec_from_flags(args)
+    run_spec.register_profiles()
+    spec = run_spec.simulation
     result = simulate(spec, progress=None if args.quiet else stderr_progress)
-    out = write_run(result, args.out)
+    out = write_run(result, args.out, {RUN_SPEC_FILE: run_spec.to_json()})
     summary = result.summary
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))
@@ -55,15 +49,45 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spec_from_flags(args: argparse.Namespace) -> Any:
+    """The run the flags describe, as the pipeline's specification of it (label: the
+    scheduler's name; user profiles: the ones this run names)."""
+    from feather.models import register_model_profiles
+    from feather.sim.hardware import register_hardware_profiles
+    from feather.sim.run import SimulationSpec
+    from feather.sim.run_spec import RunSpec
+
+    register_hardware_profiles(args.hardware_profile)
+    register_model_profiles(args.model_profile)
+    spec = SimulationSpec(
+        workload=args.workload,
+        scheduler=args.scheduler,
+        hardware=args.hardware,
+        model=args.model,
+        kernel=args.kernel,
+        engine_mode=args.engine_mode,
+        seed=args.seed,
+        scheduler_params=_parse_params(args.param, args.scheduler),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        kv_pool_fraction=args.kv_pool_fraction,
+        sched_time=args.sched_time,
+        sched_cost_model=args.sched_cost_model,
+        overlap_scheduling=args.overlap_scheduling,
+    )
+    return RunSpec(args.scheduler, spec)
+
+
 def register(commands: Any) -> None:
     """Add `simulate`."""
     sim = commands.add_parser(
         "simulate", help="simulate a scheduler on a workload for a GPU hardware profile"
     )
-    sim.add_argument("--workload", required=True, help="workload .parquet or synthetic:...")
+    sim.add_argument("--workload", help="workload .parquet or synthetic:...")
     sim.add_argument(
         "--scheduler",
-        required=True,
         help="registered name (feather schedulers) or package.module:Class",
     )
     sim.add_argument(
@@ -72,8 +96,8 @@ def register(commands: Any) -> None:
         metavar="KEY=VALUE",
         help="scheduler parameter (repeatable), e.g. min_batch=16",
     )
-    sim.add_argument("--hardware", required=True, help="hardware profile, e.g. a100-80gb")
-    sim.add_argument("--model", required=True, help="model profile, e.g. llama-3.1-8b")
+    sim.add_argument("--hardware", help="hardware profile, e.g. a100-80gb")
+    sim.add_argument("--model", help="model profile, e.g. llama-3.1-8b")
     sim.add_argument("--kernel", choices=KERNELS, default="paged")
     sim.add_argument("--engine-mode", choices=ENGINE_MODES, default="vllm")
     sim.add_argument("--seed", type=seed, default=0)
@@ -116,7 +140,19 @@ def register(commands: Any) -> None:
         metavar="JSON",
         help="register a model profile (ModelProfile fields as JSON)",
     )
+    sim.add_argument(
+        "--spec",
+        metavar="JSON|FILE",
+        help="the whole run as the pipeline specifies it (feather/sim/run_spec.py; a run "
+        "directory's spec.json reruns it), instead of the flags above",
+    )
     sim.add_argument("--out", required=True, help="run directory")
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    sim.set_defaults(func=_cmd_simulate)
+    # what --spec replaces: every flag that describes the run, with its default
+    run_defaults = {
+        action.dest: action.default
+        for action in sim._actions
+        if action.dest not in ("help", "spec", "out", "json", "quiet")
+    }
+    sim.set_defaults(func=_cmd_simulate, run_defaults=run_defaults)

@@ -19,6 +19,7 @@ import pandas as pd
 from feather.atomic import atomic_target
 from feather.engines.runs import run_attention
 from feather.sim.attribution import PARTS as TIME_PARTS  # where a simulated run's time went
+from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec, RunSpecError
 from feather.telemetry.devices import device_name
 
 REQUIRED_METRICS = ("requests", "output_tok_s", "makespan_s", "ttft_s", "tpot_s")
@@ -98,6 +99,18 @@ def _environment_columns(provenance: dict[str, Any]) -> dict[str, Any]:
 def _sched_cost(summary: dict[str, Any]) -> dict[str, Any]:
     model = summary.get("sched_cost_model")
     return model if isinstance(model, dict) else {}
+
+
+def run_label(run_dir: Path) -> str | None:
+    """The scheduler's label a simulated run's spec.json gives (None: no spec, as for real
+    engine runs, whose summaries carry their label)."""
+    spec = run_dir / RUN_SPEC_FILE
+    if not spec.is_file():
+        return None
+    try:
+        return RunSpec.load(str(spec)).label
+    except RunSpecError as exc:
+        raise InvalidRunError(f"{spec}: {exc}") from None
 
 
 def summary_row(path: Path) -> dict[str, Any]:
@@ -188,13 +201,12 @@ def aggregate(
     paths: list[str | Path],
     out_parquet: str | Path,
     out_csv: str | Path,
-    labels: dict[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Validate every summary, then write both tables (atomically). `labels` maps a run
-    directory to the scheduler name the config gave it."""
+    """Validate every summary, then write both tables (atomically). A simulated run's
+    scheduler is the label its spec.json gives (the experiment file's name for it)."""
     rows = [summary_row(Path(p)) for p in paths]
     for row in rows:
-        label = (labels or {}).get(str(Path(row["summary_path"]).parent))
+        label = run_label(Path(row["summary_path"]).parent)
         if label:
             row["scheduler"] = label
     frame = pd.DataFrame(rows).sort_values(["experiment", "hardware", "run"]).reset_index(drop=True)

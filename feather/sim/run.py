@@ -411,9 +411,14 @@ def _time_weighted(trace: pa.Table, column: str, busy: float) -> float:
     return sum(v * t for v, t in zip(values, times, strict=True)) / busy
 
 
-def write_run(result: SimulationResult, out_dir: str | Path) -> Path:
-    """trace.parquet, requests.parquet, then summary.json - each atomically."""
-    return write_run_dir(out_dir, result.trace, result.requests, result.summary)
+def write_run(
+    result: SimulationResult, out_dir: str | Path, documents: dict[str, Any] | None = None
+) -> Path:
+    """trace.parquet, requests.parquet, the JSON `documents` (the run's spec.json), then
+    summary.json - each atomically."""
+    return write_run_dir(
+        out_dir, result.trace, result.requests, result.summary, documents=documents
+    )
 
 
 def stderr_progress(message: str) -> None:

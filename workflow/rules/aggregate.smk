@@ -13,7 +13,7 @@ rule aggregate:
         from feather.pipeline.aggregate import aggregate
 
         with logged_to(log[0]):
-            aggregate(list(input.summaries), output.parquet, output.csv, labels=LABELS)
+            aggregate(list(input.summaries), output.parquet, output.csv)
 
 
 rule never_worse_cases:

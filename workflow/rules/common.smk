@@ -147,7 +147,6 @@ EXPERIMENTS = load_experiments(REPO / config.get("experiments_dir", "experiments
                                EXPERIMENT_NAMES, config, AVAILABLE_DATA, ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
-LABELS = {run.out_dir: run.scheduler for run in RUNS.values()}
 ENGINE_BATCHES = [b for exp in EXPERIMENTS.values() for b in exp.engine_batches]
 # load= workloads: file -> (base workload file, summary.json of the FCFS capacity run)
 LOAD_WORKLOADS = {path: pair for exp in EXPERIMENTS.values()
@@ -200,15 +199,6 @@ def all_targets():
             + overhead_targets() + kernel_targets() + fidelity_targets() + never_worse_targets()
             + online_targets()
             + report_pages())
-
-
-def profile_args():
-    args = []
-    for name, fields in config.get("hardware_profiles", {}).items():
-        args += ["--hardware-profile", json.dumps({"name": name, **fields})]
-    for name, fields in config.get("model_profiles", {}).items():
-        args += ["--model-profile", json.dumps({"name": name, **fields})]
-    return args
 
 
 def report_time_budget(start):

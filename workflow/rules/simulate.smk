@@ -1,4 +1,5 @@
-# One simulated run: results/{hardware}/sim/{experiment}/{run}/ (trace, requests, summary).
+# One simulated run: results/{hardware}/sim/{experiment}/{run}/ (trace, requests, the run's
+# spec, summary).
 
 
 rule simulate:
@@ -8,11 +9,14 @@ rule simulate:
     output:
         trace="results/{hardware}/sim/{experiment}/{run}/trace.parquet",
         requests="results/{hardware}/sim/{experiment}/{run}/requests.parquet",
+        spec="results/{hardware}/sim/{experiment}/{run}/spec.json",
         summary="results/{hardware}/sim/{experiment}/{run}/summary.json",
     params:
         feather=FEATHER,
         code=RUN_CODE,
-        args=lambda wc: shlex.join(run_of(wc).cli_args() + profile_args()),
+        # the run's whole specification, serialised once here (feather/sim/run_spec.py); the
+        # job keeps it as spec.json beside its summary
+        spec=lambda wc: json.dumps(run_of(wc).run_spec(config), sort_keys=True),
         out=lambda wc, output: str(Path(output.summary).parent),
     log:
         "logs/sim/{hardware}/{experiment}/{run}.log",
@@ -23,4 +27,4 @@ rule simulate:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} simulate {params.args} --out {params.out:q} --quiet > {log:q} 2>&1"
+        "{params.feather} simulate --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1"
