@@ -51,9 +51,10 @@ def test_a_killed_run_unlocks_and_reruns_only_what_did_not_finish(tmp_path) -> N
     plan = snakemake("-n", "--cores", "1")
     assert plan.returncode == 0, plan.stderr[-3000:]
     planned = _outputs(plan.stdout + plan.stderr)
-    # 4 runs x 3 files; the table (parquet, csv); the figure; ours and verdicts, each with
-    # its report page; the never-worse cases, and the benchmark joining them with the table
-    assert len(planned) == 4 * 3 + 2 + 1 + 2 * 2 + 2, sorted(planned)
+    # 4 runs x 4 files (trace, requests, spec, summary); the table (parquet, csv); the
+    # figure; ours and verdicts, each with its report page; the never-worse cases, and the
+    # benchmark joining them with the table
+    assert len(planned) == 4 * 4 + 2 + 1 + 2 * 2 + 2, sorted(planned)
 
     # one job at a time; killed (snakemake and its jobs: the whole process group) while the
     # third job runs

@@ -40,7 +40,11 @@ def test_a_spec_reruns_the_run_the_flags_made(tmp_path: Path) -> None:
     assert json.loads((again / "spec.json").read_text()) == spec
 
 
-def test_a_spec_carries_the_user_profile_it_runs_on(tmp_path: Path) -> None:
+def test_a_spec_carries_the_user_profile_it_runs_on(tmp_path: Path, monkeypatch) -> None:
+    from feather.sim import hardware
+
+    # the profile is registered in this process: keep it out of the other tests' registry
+    monkeypatch.setattr(hardware, "_HARDWARE", dict(hardware._HARDWARE))
     profile = {"name": "spec-gpu", "memory_bandwidth_bytes_per_s": 1.0e12, "l2_bytes": 40e6,
                "sms": 80, "bf16_dense_flops": 2.0e14, "memory_bytes": 40e9, "source": "test"}
     spec = {"format": RUN_SPEC_FORMAT, "label": "mine", "hardware_profile": profile,
