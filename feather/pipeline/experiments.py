@@ -203,42 +203,6 @@ class EngineBatch:
         """Files the job reads besides the workload: policy tables named in params."""
         return [str(v) for _, _, params in self.schedulers for k, v in params if k == "policy_file"]
 
-    def run_spec(self, config: dict[str, Any]) -> dict[str, Any]:
-        """What the job runs (`feather simulate --spec`; feather/sim/run_spec.py), as JSON:
-        the label, the simulation, and the config's own profile where the run names one."""
-        from feather.sim.run import SimulationSpec
-        from feather.sim.run_spec import RunSpec
-
-        options: dict[str, Any] = {
-            key: float(value) if key == "kv_pool_fraction" else int(value)
-            for key, value in self.engine_options
-        }
-        if self.sched_cost_model is not None:
-            options["sched_cost_model"] = self.sched_cost_model
-        simulation = SimulationSpec(
-            workload=self.workload_spec,
-            scheduler=self.scheduler_class,
-            hardware=self.hardware,
-            model=self.model,
-            kernel=self.kernel,
-            engine_mode=self.engine_mode,
-            seed=self.seed,
-            scheduler_params=json.loads(json.dumps(dict(self.params))),
-            overlap_scheduling=self.overlap_scheduling,
-            **options,
-        )
-
-        def own(kind: str, name: str) -> dict[str, Any] | None:
-            fields = (config.get(kind) or {}).get(name)
-            return None if fields is None else {"name": name, **fields}
-
-        return RunSpec(
-            self.scheduler,
-            simulation,
-            own("hardware_profiles", self.hardware),
-            own("model_profiles", self.model),
-        ).to_json()
-
     def cli_args(self) -> list[str]:
         """`feather run` arguments (without --out)."""
         args = ["--engine", self.engine, "--workload", self.workload_spec, "--model", self.model]

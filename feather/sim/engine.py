@@ -308,10 +308,20 @@ class Engine:
         stops = sum(1 for d in record.decisions if not d.forced and d.action == "STOP")
         return (record.stop_reason.value if record.stop_reason else None), adds, stops
 
-    def note_candidate(self, req: SimRequest, hit_tokens: int) -> None:
-        """A request the engine looks up in its prefix cache (priced per lookup)."""
+    def next_offer(self, plan: StepPlan) -> tuple[SimRequest, list] | None:
+        """The policy's next candidate and its prefix-cache hit (whole blocks, at most
+        prompt - 1 tokens), counted in the plan and priced per lookup; None when the policy
+        offers no more."""
+        rid = self.timed(self.policy.next_candidate)
+        if rid is None:
+            return None
+        plan.candidates += 1
+        req = self.by_id[rid]
+        bs = self.config.block_size
+        hit = self.pool.longest_hit(req.block_hashes(bs), req.num_tokens - 1)
         self._candidate_tokens += req.num_tokens
-        self._candidate_hits += hit_tokens
+        self._candidate_hits += len(hit) * bs
+        return req, hit
 
     def admit(self, req: SimRequest, cached_tokens: int) -> None:
         self.waiting.discard(req.id)

@@ -73,14 +73,12 @@ class SglangStep:
         engine.begin_policy_pass(asked=True, token_budget=rem_input)
         policy, timed = engine.policy, engine.timed
         while len(running) < cfg.max_num_seqs and rem_input > 0 and rem_chunk > 0:
-            rid = timed(policy.next_candidate)
-            if rid is None:
+            offer = engine.next_offer(plan)
+            if offer is None:
                 break
-            plan.candidates += 1
-            req = engine.by_id[rid]
-            hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
+            req, hit = offer
+            rid = req.id
             cached = len(hit) * cfg.block_size
-            engine.note_candidate(req, cached)
             extend = req.num_tokens - cached
             n_new = min(extend, rem_chunk)
             remaining_output = req.output_len - req.num_output

@@ -73,13 +73,11 @@ class VllmStep:
         engine.begin_policy_pass(asked=room and bool(engine.waiting), token_budget=budget)
         policy, timed = engine.policy, engine.timed
         while budget > 0 and len(running) < cfg.max_num_seqs:
-            rid = timed(policy.next_candidate)
-            if rid is None:
+            offer = engine.next_offer(plan)
+            if offer is None:
                 break
-            plan.candidates += 1
-            req = engine.by_id[rid]
-            hit = pool.longest_hit(req.block_hashes(cfg.block_size), req.num_tokens - 1)
-            engine.note_candidate(req, len(hit) * cfg.block_size)
+            req, hit = offer
+            rid = req.id
             n_new = min(req.num_tokens - len(hit) * cfg.block_size, budget)
             whole_prompt_fits = not cfg.reserve_full_prompt or (
                 pool.blocks_needed(req.id, req.num_tokens, hit) <= pool.num_free
