@@ -978,7 +978,7 @@ def bad_experiment(draw) -> tuple[dict, list[str]]:
         exp["workloads"] = draw(
             st.one_of(st.lists(text, min_size=1), st.dictionaries(text, st.integers(), min_size=1))
         )
-        return exp, ["workloads must map names"]
+        return exp, ["workloads must be a mapping of names to workload specs"]
     engine = {"engine": "vllm", "workload": "unshared", "model": "tiny-llama", "scheduler": "all"}
     if kind == "engine-option":
         engine["options"] = {

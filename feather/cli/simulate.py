@@ -6,7 +6,13 @@ import argparse
 import json
 from typing import Any
 
-from feather.cli.common import _parse_params, add_engine_limits
+from feather.cli.common import (
+    _parse_params,
+    add_engine_limits,
+    add_spec,
+    lacking_flags,
+    refuse_flags_beside_spec,
+)
 from feather.cli_values import seed
 from feather.engine_limits import ENGINE_MODES
 from feather.kernels.plan import KERNELS
@@ -21,15 +27,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec
 
     if args.spec is not None:
-        given = [f"--{name.replace('_', '-')}" for name, default in args.run_defaults.items()
-                 if getattr(args, name) != default]
-        if given:
-            raise ValueError(f"--spec holds the whole run; drop {', '.join(given)}")
+        refuse_flags_beside_spec(args)
         run_spec = RunSpec.load(args.spec)
     else:
-        lacking = [f"--{name}" for name in RUN_FLAGS if getattr(args, name) is None]
-        if lacking:
-            raise ValueError(f"give --spec, or {', '.join(lacking)}")
+        lacking_flags(args, RUN_FLAGS)
         run_spec = _spec_from_flags(args)
     run_spec.register_profiles()
     spec = run_spec.simulation
@@ -140,19 +141,12 @@ def register(commands: Any) -> None:
         metavar="JSON",
         help="register a model profile (ModelProfile fields as JSON)",
     )
-    sim.add_argument(
-        "--spec",
-        metavar="JSON|FILE",
-        help="the whole run as the pipeline specifies it (feather/sim/run_spec.py; a run "
-        "directory's spec.json reruns it), instead of the flags above",
+    add_spec(
+        sim,
+        "the whole run as the pipeline specifies it (feather/sim/run_spec.py; a run "
+        "directory's spec.json reruns it)",
     )
     sim.add_argument("--out", required=True, help="run directory")
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    # what --spec replaces: every flag that describes the run, with its default
-    run_defaults = {
-        action.dest: action.default
-        for action in sim._actions
-        if action.dest not in ("help", "spec", "out", "json", "quiet")
-    }
-    sim.set_defaults(func=_cmd_simulate, run_defaults=run_defaults)
+    sim.set_defaults(func=_cmd_simulate)

@@ -6,15 +6,66 @@ import argparse
 import json
 from typing import Any
 
-from feather.cli.common import _parse_params, add_engine_limits
+from feather.cli.common import (
+    _parse_params,
+    add_engine_limits,
+    add_spec,
+    lacking_flags,
+    refuse_flags_beside_spec,
+)
 from feather.cli_values import seeds
 from feather.engine_limits import ENGINE_MODES
 from feather.kernels.plan import KERNELS
 
+# what a training job is, given as flags; --spec gives all of it instead
+TRAIN_FLAGS = ("learner", "train_workload", "hardware", "model")
+
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from feather.sim.run import SimulationSpec, stderr_progress
+    from feather.provenance import collect_provenance
+    from feather.sim.run import stderr_progress
+    from feather.sim.run_spec import TrainSpec
     from feather.sim.training import evaluate, train
+
+    if args.spec is not None:
+        refuse_flags_beside_spec(args)
+        spec = TrainSpec.load(args.spec)
+    else:
+        lacking_flags(args, TRAIN_FLAGS)
+        spec = _spec_from_flags(args)
+    spec.register_profiles()
+    base = spec.simulation
+    trained = train(
+        spec.learner,
+        base,
+        spec.train_workloads,
+        spec.train_seeds,
+        args.out,
+        params=spec.params,
+        progress=None if args.quiet else stderr_progress,
+    )
+    report = {
+        "hardware": base.hardware,
+        "model": base.model,
+        "kernel": base.kernel,
+        "engine_mode": base.engine_mode,
+        "spec": spec.to_json(),
+        "training": trained,
+    }
+    report["provenance"] = collect_provenance(
+        config=spec.to_json(), seed=None, extra={"engine": {"name": "sim"}}
+    )
+    if spec.eval_workloads:
+        report["evaluation"] = evaluate(
+            args.out, spec.learner, base, spec.eval_workloads, spec.eval_seeds, params=spec.params
+        )
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def _spec_from_flags(args: argparse.Namespace) -> Any:
+    from feather.sim.run import SimulationSpec
+    from feather.sim.run_spec import TrainSpec
 
     base = SimulationSpec(
         workload=args.train_workload[0],
@@ -28,40 +79,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
         num_blocks=args.num_blocks,
         block_size=args.block_size,
     )
-    params = _parse_params(args.param, args.learner)
-    trained = train(
+    return TrainSpec(
         args.learner,
         base,
-        args.train_workload,
-        args.train_seeds,
-        args.out,
-        params=params,
-        progress=None if args.quiet else stderr_progress,
+        tuple(args.train_workload),
+        tuple(args.train_seeds),
+        tuple(args.eval_workload or ()),
+        tuple(args.eval_seeds) if args.eval_workload else (),
+        _parse_params(args.param, args.learner),
     )
-    from feather.provenance import collect_provenance
-
-    report = {
-        "hardware": args.hardware,
-        "model": args.model,
-        "kernel": args.kernel,
-        "engine_mode": args.engine_mode,
-        "training": trained,
-    }
-    settings = {k: v for k, v in vars(args).items() if k != "func"}
-    report["provenance"] = collect_provenance(
-        config=settings, seed=None, extra={"engine": {"name": "sim"}}
-    )
-    if args.eval_workload:
-        report["evaluation"] = evaluate(
-            args.out,
-            args.learner,
-            base,
-            args.eval_workload,
-            args.eval_seeds,
-            params=params,
-        )
-    print(json.dumps(report, indent=2))
-    return 0
 
 
 def register(commands: Any) -> None:
@@ -69,11 +95,10 @@ def register(commands: Any) -> None:
     tr = commands.add_parser(
         "train", help="train a learned Feather policy on the simulator, then evaluate it frozen"
     )
-    tr.add_argument("--learner", choices=["feather-ucb", "feather-qlearn"], required=True)
+    tr.add_argument("--learner", choices=["feather-ucb", "feather-qlearn"])
     tr.add_argument(
         "--train-workload",
         action="append",
-        required=True,
         help="training workload (.parquet or synthetic:...), repeatable",
     )
     tr.add_argument("--train-seeds", type=seeds, default=[0, 1, 2])
@@ -84,11 +109,12 @@ def register(commands: Any) -> None:
     )
     tr.add_argument("--eval-seeds", type=seeds, default=[100, 101, 102])
     tr.add_argument("--param", action="append", metavar="KEY=VALUE", help="learner parameter")
-    tr.add_argument("--hardware", required=True)
-    tr.add_argument("--model", required=True)
+    tr.add_argument("--hardware")
+    tr.add_argument("--model")
     tr.add_argument("--kernel", choices=KERNELS, default="paged")
     tr.add_argument("--engine-mode", choices=ENGINE_MODES, default="vllm")
     add_engine_limits(tr)
+    add_spec(tr, "the whole training job as the pipeline specifies it (feather/sim/run_spec.py)")
     tr.add_argument("--out", required=True, help="the trained policy's JSON file")
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(func=_cmd_train)

@@ -14,6 +14,13 @@ CASCADE_CHOICES = ("default", "on", "off")
 ATTENTION_CHOICES = ("vllm", "cascade", "pat")
 
 
+# a real-engine job as the pipeline specifies it (`feather run --spec`): engine, workload,
+# model, schedulers ({label, class, params}), repeats, seed, run_prefix, the engine's options
+# (each a `feather run` flag by its name: max_num_seqs, attention, ...) and a user model profile
+ENGINE_JOB_FORMAT = "feather-engine-job/1"
+ENGINE_JOB_KEYS = {"engine", "workload", "model", "repeats", "seed", "run_prefix"}
+
+
 def is_our_backend(backend_class: str) -> bool:
     """Whether an engine's attention backend class is our prefix-aware one, not vLLM's."""
     return str(backend_class).startswith("feather.")
@@ -41,16 +48,17 @@ class EngineRun:
     repeat: int = 0
 
 
-def engine_runs(items: list[str], seed: int, repeats: int) -> list[EngineRun]:
-    """`--scheduler` values (a name, or a JSON object with label/class/params) x repeats,
-    interleaved: repeat 0 of every scheduler, then repeat 1, ... (drift hits all alike)."""
+def engine_runs(items: list[str | dict[str, Any]], seed: int, repeats: int) -> list[EngineRun]:
+    """`--scheduler` values (a name, or a JSON object with label/class/params; a spec's
+    `schedulers` give the objects themselves) x repeats, interleaved: repeat 0 of every
+    scheduler, then repeat 1, ... (drift hits all alike)."""
     from feather.policies import check_scheduler_params
 
     specs = []
     for item in items:
-        if item.lstrip().startswith("{"):
+        if isinstance(item, dict) or item.lstrip().startswith("{"):
             try:
-                raw = json.loads(item)
+                raw = item if isinstance(item, dict) else json.loads(item)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"--scheduler {item!r}: not valid JSON ({exc})") from None
             unknown = set(raw) - {"label", "class", "params"}

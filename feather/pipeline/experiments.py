@@ -27,63 +27,16 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from feather.engine_limits import ENGINE_MODES
-from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
-from feather.kernels.plan import KERNELS
-from feather.sim.sched_measured import COST_MODELS
+from feather.engines.runs import ENGINE_JOB_FORMAT
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
-ENGINE_RUN_FIELDS = {
-    "engine", "device", "workload", "model", "scheduler", "except_schedulers", "repeats",
-    "options", "sweep",
-}
-TEMPLATE_FIELDS = {
-    "workload",
-    "scheduler",
-    "params",
-    "kernel",
-    "engine_mode",
-    "hardware",
-    "seed",
-    "model",
-    "sched_cost_model",
-    "overlap_scheduling",
-    "kv_pool_fraction",
-    "sweep",
-    "except_schedulers",
-    *ENGINE_FIELDS,
-}
-SWEEPS = ("default", "full")
-EXPERIMENT_FIELDS = {
-    "claim",
-    "title",
-    "paper",
-    "figure",
-    "workloads",
-    "runs",
-    "description",
-    "training",
-    "engine_runs",
-}
-TRAINING_FIELDS = {
-    "learners",
-    "hardware",
-    "train_workloads",
-    "train_seeds",
-    "eval_workloads",
-    "eval_seeds",
-}
-# the simulated engine (default: paged, vllm); transfer: a second training for a real engine;
-# params: every learner's; learner_params: one learner's own, over params (e.g. Q-learning's gamma)
-TRAINING_OPTIONAL = {"kernel", "engine_mode", "transfer", "params", "learner_params"}
-TRANSFER_FIELDS = {"learner", "hardware", "model", "kernel", "params", "engine", "train_workloads",
-                   "train_seeds"}
 
 
 class ExperimentError(ValueError):
@@ -138,16 +91,19 @@ class Run:
             **options,
         )
 
-        def own(kind: str, name: str) -> dict[str, Any] | None:
-            fields = (config.get(kind) or {}).get(name)
-            return None if fields is None else {"name": name, **fields}
-
         return RunSpec(
             self.scheduler,
             simulation,
-            own("hardware_profiles", self.hardware),
-            own("model_profiles", self.model),
+            user_profile(config, "hardware_profiles", self.hardware),
+            user_profile(config, "model_profiles", self.model),
         ).to_json()
+
+
+def user_profile(config: dict[str, Any], kind: str, name: str) -> dict[str, Any] | None:
+    """The config's own profile `name` (`hardware_profiles` or `model_profiles`) as a spec
+    carries it, or None for a built-in one."""
+    fields = (config.get(kind) or {}).get(name)
+    return None if fields is None else {"name": name, **fields}
 
 
 @dataclass(frozen=True)
@@ -203,17 +159,24 @@ class EngineBatch:
         """Files the job reads besides the workload: policy tables named in params."""
         return [str(v) for _, _, params in self.schedulers for k, v in params if k == "policy_file"]
 
-    def cli_args(self) -> list[str]:
-        """`feather run` arguments (without --out)."""
-        args = ["--engine", self.engine, "--workload", self.workload_spec, "--model", self.model]
-        for label, cls, params in self.schedulers:
-            spec = {"label": label, "class": cls, "params": dict(params)}
-            args += ["--scheduler", label if (cls == label and not params) else json.dumps(spec)]
-        args += ["--repeats", str(self.repeats), "--seed", str(self.seed)]
-        args += ["--run-prefix", self.run_prefix]
-        for key, value in self.options:
-            args += [f"--{key.replace('_', '-')}", str(value)]
-        return args
+    def job_spec(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The job as `feather run --spec` reads it (feather/engines/runs.py ENGINE_JOB_FORMAT),
+        with the config's own model profile where the job names one."""
+        return {
+            "format": ENGINE_JOB_FORMAT,
+            "engine": self.engine,
+            "workload": self.workload_spec,
+            "model": self.model,
+            "schedulers": [
+                {"label": label, "class": cls, "params": dict(params)}
+                for label, cls, params in self.schedulers
+            ],
+            "repeats": self.repeats,
+            "seed": self.seed,
+            "run_prefix": self.run_prefix,
+            "options": dict(self.options),
+            "model_profile": user_profile(config, "model_profiles", self.model),
+        }
 
 
 @dataclass
@@ -232,86 +195,40 @@ class Experiment:
     runs: list[Run] = field(default_factory=list)
     engine_batches: list[EngineBatch] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    # training job directory -> its TrainSpec as JSON (`training_specs`)
+    training_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # load= workload file -> (its base workload file, the capacity run's summary.json)
     load_workloads: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def load_experiment(path: str | Path) -> Experiment:
+    """An experiment file, checked against workflow/schemas/experiment.schema.yaml (shapes and
+    types) and for what the schema cannot see: the workload each template names, a name given
+    twice in one template."""
+    from feather.pipeline.distinct import duplicate_entry
+    from feather.pipeline.experiment_schema import violation
+
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ExperimentError(f"{path}: not valid YAML ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ExperimentError(f"{path}: expected a mapping at the top level")
-    unknown = set(data) - EXPERIMENT_FIELDS
-    missing = {"claim", "title", "paper", "figure", "workloads", "runs"} - set(data)
-    if unknown or missing:
-        raise ExperimentError(f"{path}: unknown keys {sorted(unknown)}, missing {sorted(missing)}")
+    problem = violation(data)
+    if problem is not None:
+        raise ExperimentError(f"{path}: {problem}")
     workloads = data["workloads"]
-    if not isinstance(workloads, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in workloads.items()
-    ):
-        raise ExperimentError(f"{path}: workloads must map names to workload specs (strings)")
-    for key in ("runs", "engine_runs"):
-        entries = data.get(key) or []
-        if not isinstance(entries, list) or not all(isinstance(t, dict) for t in entries):
-            raise ExperimentError(f"{path}: {key} must be a list of mappings")
-    for key in ("claim", "title", "paper"):
-        if not isinstance(data[key], str | int | float) or not str(data[key]).strip():
-            raise ExperimentError(f"{path}: {key} must be a non-empty string")
-    figures = _as_list(data["figure"])
-    if not figures or not all(isinstance(f, str) and f.strip() for f in figures):
-        raise ExperimentError(f"{path}: figure must be a figure name or a list of them")
-    for i, template in enumerate(data["runs"]):
-        bad = set(template) - TEMPLATE_FIELDS
-        if bad:
+    named = [(f"run template {i}", name) for i, template in enumerate(data["runs"])
+             for name in _as_list(template["workload"])]
+    named += [(f"engine_runs entry {i}", entry["workload"])
+              for i, entry in enumerate(data.get("engine_runs") or [])]
+    for where, name in named:
+        if name not in workloads:
             raise ExperimentError(
-                f"{path}: run template {i} has unknown keys {sorted(bad)}; "
-                f"allowed: {sorted(TEMPLATE_FIELDS)}"
+                f"{path}: {where} names workload {name!r}, not one of {list(workloads)}"
             )
-        if template.get("sweep", "default") not in SWEEPS:
-            raise ExperimentError(
-                f"{path}: run template {i}: sweep must be one of {', '.join(SWEEPS)}"
-            )
-        for name in _as_list(template.get("workload")):
-            if not isinstance(name, str) or name not in workloads:
-                raise ExperimentError(
-                    f"{path}: run template {i} names workload {name!r}, "
-                    f"not one of {list(data['workloads'])}"
-                )
-    from feather.pipeline.distinct import duplicate_entry
-
     duplicate = duplicate_entry({"runs": data["runs"]}, str(path), strings_only=True)
     if duplicate is not None:  # a scheduler or workload named twice in one template
         raise ExperimentError(duplicate)
-    training = data.get("training")
-    if training is not None and not (
-        isinstance(training, dict)
-        and TRAINING_FIELDS <= set(training) <= TRAINING_FIELDS | TRAINING_OPTIONAL
-    ):
-        raise ExperimentError(
-            f"{path}: training needs {sorted(TRAINING_FIELDS)} "
-            f"(optional: {sorted(TRAINING_OPTIONAL)}), got {sorted(training or {})}"
-        )
-    transfer = (training or {}).get("transfer")
-    if transfer is not None and (
-        not isinstance(transfer, dict) or set(transfer) != TRANSFER_FIELDS
-    ):
-        raise ExperimentError(f"{path}: training.transfer needs exactly {sorted(TRANSFER_FIELDS)}")
-    for i, template in enumerate(data.get("engine_runs") or []):
-        bad = set(template) - ENGINE_RUN_FIELDS
-        lacking = {"engine", "workload", "model"} - set(template)
-        if bad or lacking:
-            raise ExperimentError(
-                f"{path}: engine_runs entry {i}: unknown keys {sorted(bad)}, missing "
-                f"{sorted(lacking)}; allowed: {sorted(ENGINE_RUN_FIELDS)}"
-            )
-        if not isinstance(template["workload"], str) or template["workload"] not in workloads:
-            raise ExperimentError(
-                f"{path}: engine_runs entry {i} names workload {template['workload']!r}, "
-                f"not one of {list(data['workloads'])}"
-            )
     return Experiment(
         name=path.stem,
         path=path,
@@ -319,10 +236,10 @@ def load_experiment(path: str | Path) -> Experiment:
         title=data["title"],
         paper=data["paper"],
         figures=_as_list(data["figure"]),
-        workloads=dict(data["workloads"]),
+        workloads=dict(workloads),
         templates=list(data["runs"]),
         description=data.get("description", ""),
-        training=training,
+        training=data.get("training"),
         engine_templates=list(data.get("engine_runs") or []),
     )
 
@@ -448,17 +365,6 @@ def _check_workload_options(spec: str, kind: str, options: str) -> None:
     if "min" in given and "max" in given and int(given["min"]) > int(given["max"]):
         raise ExperimentError(f"workload {spec!r}: min is larger than max")
 
-# `feather run` flags an engine_runs entry's options may set (each becomes --key value)
-ENGINE_RUN_OPTIONS = {
-    *ENGINE_FIELDS, "max_model_len", "dtype", "cascade_attention", "attention", "threads"
-}
-# the values `feather run` accepts for the options that take a choice
-ENGINE_OPTION_CHOICES = {"cascade_attention": CASCADE_CHOICES, "attention": ATTENTION_CHOICES}
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
 
 def _scheduler_names(template: dict[str, Any], schedulers: dict[str, Any]) -> list[str]:
     """The template's schedulers: its list, or `all` configured ones but `except_schedulers`
@@ -477,80 +383,28 @@ def _check_names(where: str, key: str, values: list[Any], known: list[str]) -> N
 
 def _check_exceptions(where: str, template: dict[str, Any]) -> None:
     """`except_schedulers` narrows `scheduler: all`; with a list it would be a contradiction."""
-    left_out = _as_list(template.get("except_schedulers") or [])
-    if not left_out:
-        return
-    if template.get("scheduler", "all") != "all":
+    if template.get("except_schedulers") and template.get("scheduler", "all") != "all":
         raise ExperimentError(f"{where}: except_schedulers applies only to scheduler: all")
-    for name in left_out:
-        if not isinstance(name, str) or not name:
-            raise ExperimentError(f"{where}: except_schedulers entry {name!r} is not a name")
 
 
 def _check_template(where: str, template: dict[str, Any]) -> None:
-    """The values of one run template, before it is expanded into runs."""
+    """What a run template's names must be beyond their shape (the schema's): the config's
+    hardware and models (its own profiles included)."""
     from feather.models import model_names
     from feather.sim.hardware import hardware_names
 
-    for name in _as_list(template.get("scheduler", "all")):
-        if not isinstance(name, str) or not name:
-            raise ExperimentError(f"{where}: scheduler {name!r} is not a scheduler name")
     _check_exceptions(where, template)
-    if not isinstance(template.get("params", {}) or {}, dict):
-        raise ExperimentError(f"{where}: params must be a mapping of name: value (or list)")
-    _check_names(where, "kernel", _as_list(template.get("kernel", "paged")), list(KERNELS))
-    _check_names(
-        where, "engine_mode", _as_list(template.get("engine_mode", "vllm")), list(ENGINE_MODES)
-    )
     if "model" in template:
         _check_names(where, "model", _as_list(template["model"]), model_names())
     if template.get("hardware", "all") not in ("all", "comparison"):
         _check_names(where, "hardware", _as_list(template["hardware"]), hardware_names())
-    if template.get("seed", "all") != "all":
-        for seed in _as_list(template["seed"]):
-            if not (isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0):
-                raise ExperimentError(f"{where}: seed {seed!r} is not a whole number >= 0")
-    for key in ENGINE_FIELDS:
-        if key in template and not _is_count(template[key]):
-            raise ExperimentError(f"{where}: {key} {template[key]!r} is not a whole number >= 1")
-    for fraction in _as_list(template.get("kv_pool_fraction")):
-        if fraction is not None and not (
-            isinstance(fraction, int | float) and not isinstance(fraction, bool) and fraction > 0
-        ):
-            raise ExperimentError(f"{where}: kv_pool_fraction {fraction!r} is not a number > 0")
 
 
 def _check_engine_template(where: str, template: dict[str, Any]) -> None:
-    from feather.engines.selection import ENGINES
     from feather.models import model_names
 
-    _check_names(where, "engine", [template["engine"]], list(ENGINES))
     _check_names(where, "model", [template["model"]], model_names())
-    if template.get("device", "any") not in ("any", "cpu", "gpu"):
-        raise ExperimentError(f"{where}: device {template['device']!r} is not any, cpu or gpu")
-    if not _is_count(template.get("repeats", 1)):
-        raise ExperimentError(
-            f"{where}: repeats {template['repeats']!r} is not a whole number >= 1"
-        )
     _check_exceptions(where, template)
-    options = template.get("options") or {}
-    if not isinstance(options, dict):
-        raise ExperimentError(f"{where}: options must be a mapping of `feather run` flags")
-    for key, value in options.items():
-        if key not in ENGINE_RUN_OPTIONS:
-            raise ExperimentError(
-                f"{where}: option {key!r} is not one of {', '.join(sorted(ENGINE_RUN_OPTIONS))}"
-            )
-        if key in (*ENGINE_FIELDS, "max_model_len", "threads") and not _is_count(value):
-            raise ExperimentError(f"{where}: option {key} {value!r} is not a whole number >= 1")
-        # attention may list several backends (one engine start each)
-        values = value if key == "attention" and isinstance(value, list) and value else [value]
-        for one in values:
-            if key in ENGINE_OPTION_CHOICES and one not in ENGINE_OPTION_CHOICES[key]:
-                raise ExperimentError(
-                    f"{where}: option {key} {one!r} is not one of "
-                    f"{', '.join(ENGINE_OPTION_CHOICES[key])}"
-                )
 
 
 def _check_workload(where: str, spec: Any) -> None:
@@ -569,47 +423,40 @@ def _check_workload(where: str, spec: Any) -> None:
 
 
 def _check_training(where: str, training: dict[str, Any]) -> None:
+    """The learners resolve and take their parameters; the devices, workloads and the
+    transfer's names are known (shapes: the schema)."""
+    from feather.models import model_names
     from feather.policies import UnknownSchedulerError, resolve_scheduler
     from feather.sim.hardware import hardware_names
 
-    for key in ("learners", "hardware", "train_workloads", "eval_workloads"):
-        if not isinstance(training[key], list) or not training[key]:
-            raise ExperimentError(f"{where}: training.{key} must be a non-empty list")
-    for learner in training["learners"]:
+    transfer = training.get("transfer")
+    for key, learner in [("training.learners", name) for name in training["learners"]] + (
+        [("training.transfer.learner", transfer["learner"])] if transfer else []
+    ):
         try:
             resolve_scheduler(learner)
         except UnknownSchedulerError as exc:
-            raise ExperimentError(f"{where}: training.learners: {exc}") from None
+            raise ExperimentError(f"{where}: {key}: {exc}") from None
     _check_names(where, "training.hardware", training["hardware"], hardware_names())
     for key in ("train_workloads", "eval_workloads"):
         for spec in training[key]:
             _check_workload(f"{where}: training.{key}", spec)
-    params = training.get("params", {})
-    if not isinstance(params, dict):
-        raise ExperimentError(f"{where}: training.params must be a mapping of learner parameters")
-    own = training.get("learner_params", {})
-    if not isinstance(own, dict) or not all(isinstance(v, dict) for v in own.values()):
-        raise ExperimentError(
-            f"{where}: training.learner_params must map a learner to a mapping of its parameters"
-        )
-    strangers = sorted(set(own) - set(training["learners"]))
+    strangers = sorted(set(training.get("learner_params", {})) - set(training["learners"]))
     if strangers:
         raise ExperimentError(
             f"{where}: training.learner_params names {strangers}, not among training.learners "
             f"{training['learners']}"
         )
     for learner in training["learners"]:
-        _check_params(f"{where}: training.params", learner, params)
+        _check_params(f"{where}: training.params", learner, training.get("params", {}))
         where_own = f"{where}: training.learner_params.{learner}"
         _check_params(where_own, learner, learner_params(training, learner))
-    for key in ("train_seeds", "eval_seeds"):
-        seeds = training[key]
-        if (
-            not isinstance(seeds, list)
-            or not seeds
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in seeds)
-        ):
-            raise ExperimentError(f"{where}: training.{key} must be a list of whole numbers >= 0")
+    if transfer:
+        _check_names(where, "training.transfer.hardware", [transfer["hardware"]], hardware_names())
+        _check_names(where, "training.transfer.model", [transfer["model"]], model_names())
+        for spec in transfer["train_workloads"]:
+            _check_workload(f"{where}: training.transfer.train_workloads", spec)
+        _check_params(f"{where}: training.transfer.params", transfer["learner"], transfer["params"])
 
 
 def learner_params(training: dict[str, Any], learner: str) -> dict[str, Any]:
@@ -617,6 +464,59 @@ def learner_params(training: dict[str, Any], learner: str) -> dict[str, Any]:
     `learner_params` entry over them."""
     own = (training.get("learner_params") or {}).get(learner, {})
     return {**(training.get("params") or {}), **own}
+
+
+def training_specs(experiment: Experiment, config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The experiment's training jobs (`feather train --spec`; feather/sim/run_spec.py) by the
+    directory their table and report go to: each learner on each device it trains for
+    (results/<hw>/sim/<experiment>/<learner>/), and the transfer training a real engine
+    deploys (results/<hw>/sim/<experiment>-transfer/<learner>/)."""
+    from feather.sim.run import SimulationSpec
+    from feather.sim.run_spec import TrainSpec
+
+    training = experiment.training
+    if training is None:
+        return {}
+    specs = {}
+
+    def spec(learner: str, hardware: str, model: str, section: dict[str, Any],
+             simulated: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+        return TrainSpec(
+            learner,
+            SimulationSpec(
+                workload=section["train_workloads"][0],
+                scheduler=learner,
+                hardware=hardware,
+                model=model,
+                **simulated,
+            ),
+            tuple(section["train_workloads"]),
+            tuple(section["train_seeds"]),
+            tuple(section.get("eval_workloads", ())),
+            tuple(section.get("eval_seeds", ())),
+            params,
+            user_profile(config, "hardware_profiles", hardware),
+            user_profile(config, "model_profiles", model),
+        ).to_json()
+
+    simulated = {
+        "kernel": training.get("kernel", "paged"),
+        "engine_mode": training.get("engine_mode", "vllm"),
+    }
+    for hardware in training["hardware"]:
+        for learner in training["learners"]:
+            specs[f"results/{hardware}/sim/{experiment.name}/{learner}"] = spec(
+                learner, hardware, config["models"][0], training, simulated,
+                learner_params(training, learner),
+            )
+    transfer = training.get("transfer")
+    if transfer:
+        out = f"results/{transfer['hardware']}/sim/{experiment.name}-transfer/{transfer['learner']}"
+        specs[out] = spec(
+            transfer["learner"], transfer["hardware"], transfer["model"], transfer,
+            {"kernel": transfer["kernel"], **transfer["engine"]}, dict(transfer["params"]),
+        )
+    return specs
 
 
 def _check_params(where: str, scheduler_class: str, params: dict[str, Any]) -> None:
@@ -641,8 +541,6 @@ def expand_engine_runs(
     for i, template in enumerate(experiment.engine_templates):
         where = f"{experiment.path}: engine_runs entry {i}"
         _check_engine_template(where, template)
-        if template.get("sweep", "default") not in ("default", "full"):
-            raise ExperimentError(f"{where}: sweep {template['sweep']!r} is not default or full")
         wanted = (config.get("engine_runs") or {}).get("sweep", "default")
         if template.get("sweep", "default") == "full" and wanted != "full":
             continue  # the larger real-engine sweeps (config.yaml `engine_runs: {sweep: full}`)
@@ -710,48 +608,10 @@ def expand(
         _check_template(where, template)
         if template.get("sweep", "default") == "full" and sweep != "full":
             continue  # the C5 family's full grid (config.yaml `c5: {sweep: full}`)
-        scheduler_names = _scheduler_names(template, schedulers)
-        wanted = template.get("hardware", "all")
-        hardware = (
-            config["hardware"]
-            if wanted == "all"
-            else config["hardware"]
-            + [h for h in config.get("hardware_comparison", []) if h not in config["hardware"]]
-            if wanted == "comparison"
-            else _as_list(wanted)
-        )
-        seeds = (
-            config["seeds"] if template.get("seed", "all") == "all" else _as_list(template["seed"])
-        )
-        models = _as_list(template.get("model", config["models"]))
-        params_grid = template.get("params", {}) or {}
-        param_keys = sorted(params_grid)
-        param_values = [_as_list(params_grid[k]) for k in param_keys]
-        axes = itertools.product(
-            _as_list(template["workload"]),
-            scheduler_names,
-            hardware,
-            seeds,
-            models,
-            _as_list(template.get("kernel", "paged")),
-            _as_list(template.get("engine_mode", "vllm")),
-            _as_list(template.get("kv_pool_fraction")),
-            _as_list(template.get("sched_cost_model")),
-            _as_list(template.get("overlap_scheduling")),
-            itertools.product(*param_values),
-        )
+        param_keys, axes = _template_axes(template, config)
         for workload, scheduler, hw, seed, model, kernel, mode, fraction, cost, overlap, values in (
             axes
         ):
-            if cost is not None and cost not in COST_MODELS:
-                raise ExperimentError(
-                    f"{experiment.path}: unknown sched_cost_model {cost!r}; "
-                    f"known: {', '.join(COST_MODELS)}"
-                )
-            if overlap is not None and not isinstance(overlap, bool):
-                raise ExperimentError(
-                    f"{experiment.path}: overlap_scheduling must be true or false, got {overlap!r}"
-                )
             entry = schedulers.get(scheduler, {})
             params = {**(entry.get("params") or {}), **dict(zip(param_keys, values, strict=True))}
             key = (entry.get("class", scheduler), json.dumps(params, sort_keys=True, default=str))
@@ -767,27 +627,6 @@ def expand(
             options = tuple((k, template[k]) for k in ENGINE_FIELDS if k in template)
             if fraction is not None:
                 options += (("kv_pool_fraction", fraction),)
-            run_id = "__".join(
-                filter(
-                    None,
-                    [
-                        workload,
-                        scheduler,
-                        ",".join(
-                            f"{k}={_slug(v)}"
-                            for k, v in sorted(params.items())
-                            if k not in (entry.get("params") or {})
-                        ),
-                        kernel if kernel != "paged" else "",
-                        mode if mode != "vllm" else "",
-                        f"pool={_slug(fraction)}" if fraction is not None else "",
-                        f"cost={cost}" if cost is not None else "",
-                        {True: "overlap", False: "serial", None: ""}[overlap],
-                        model if model != config["models"][0] else "",
-                        f"s{seed}",
-                    ],
-                )
-            )
             run = Run(
                 experiment=experiment.name,
                 hardware=hw,
@@ -802,10 +641,10 @@ def expand(
                 engine_mode=mode,
                 seed=seed,
                 engine_options=options,
-                run_id=run_id,
                 sched_cost_model=cost,
                 overlap_scheduling=overlap,
             )
+            run = replace(run, run_id=_run_id(run, entry.get("params") or {}, config["models"][0]))
             if run.out_dir in runs and runs[run.out_dir] != run:
                 raise ExperimentError(f"{experiment.path}: two different runs map to {run.out_dir}")
             runs[run.out_dir] = run
@@ -817,11 +656,74 @@ def expand(
                     f"{capacity.out_dir}/summary.json",
                 )
     experiment.runs = list(runs.values())
+    try:
+        experiment.training_jobs = training_specs(experiment, config)
+    except ValueError as exc:
+        raise ExperimentError(f"{experiment.path}: training: {exc}") from None
     experiment.engine_batches = expand_engine_runs(
         experiment, config, available, engine_hosts or {}
     )
     experiment.skipped = sorted(set(experiment.skipped))
     return experiment
+
+
+def _template_axes(
+    template: dict[str, Any], config: dict[str, Any]
+) -> tuple[list[str], Iterable[tuple[Any, ...]]]:
+    """A run template's sweep: the sorted names of its swept params, and every combination of
+    its values - workload, scheduler, hardware, seed, model, kernel, engine mode, pool
+    fraction, cost model, overlap, the params' values - with the config's schedulers,
+    hardware, seeds and models where the template names none."""
+    wanted = template.get("hardware", "all")
+    hardware = (
+        config["hardware"]
+        if wanted == "all"
+        else config["hardware"]
+        + [h for h in config.get("hardware_comparison", []) if h not in config["hardware"]]
+        if wanted == "comparison"
+        else _as_list(wanted)
+    )
+    seeds = config["seeds"] if template.get("seed", "all") == "all" else _as_list(template["seed"])
+    params_grid = template.get("params", {}) or {}
+    param_keys = sorted(params_grid)
+    return param_keys, itertools.product(
+        _as_list(template["workload"]),
+        _scheduler_names(template, config["schedulers"]),
+        hardware,
+        seeds,
+        _as_list(template.get("model", config["models"])),
+        _as_list(template.get("kernel", "paged")),
+        _as_list(template.get("engine_mode", "vllm")),
+        _as_list(template.get("kv_pool_fraction")),
+        _as_list(template.get("sched_cost_model")),
+        _as_list(template.get("overlap_scheduling")),
+        itertools.product(*[_as_list(params_grid[k]) for k in param_keys]),
+    )
+
+
+def _run_id(run: Run, config_params: dict[str, Any], default_model: str) -> str:
+    """The run's directory name: everything it differs in from the defaults (params only where
+    the template sets them, beyond the config's entry), so runs never overwrite each other."""
+    fraction = dict(run.engine_options).get("kv_pool_fraction")
+    return "__".join(
+        filter(
+            None,
+            [
+                run.workload,
+                run.scheduler,
+                ",".join(
+                    f"{k}={_slug(v)}" for k, v in run.params if k not in config_params
+                ),
+                run.kernel if run.kernel != "paged" else "",
+                run.engine_mode if run.engine_mode != "vllm" else "",
+                f"pool={_slug(fraction)}" if fraction is not None else "",
+                f"cost={run.sched_cost_model}" if run.sched_cost_model is not None else "",
+                {True: "overlap", False: "serial", None: ""}[run.overlap_scheduling],
+                run.model if run.model != default_model else "",
+                f"s{run.seed}",
+            ],
+        )
+    )
 
 
 def capacity_run(experiment: str, workload: str, spec: str, model: str, hardware: str) -> Run:

@@ -21,7 +21,7 @@ from feather.pipeline.code_digest import (
 from feather.pipeline.checks import check_schedulers, load_experiments, stop
 from feather.engines.selection import ENGINES as ENGINE_TABLE
 from feather.engines.selection import EngineUnavailableError, installed_build, select_engines
-from feather.pipeline.experiments import learner_params, slug_options
+from feather.pipeline.experiments import slug_options
 from feather.engines.gpu import attached_gpus
 from feather.sim.hardware import get_hardware, hardware_names
 from feather.workloads.hub import hub_unreachable_reason
@@ -156,8 +156,18 @@ for _exp in EXPERIMENTS.values():
         note(f"experiment {_exp.name}: skipped runs on {_reason}")
 
 
-def run_of(wildcards):
-    return RUNS[f"results/{wildcards.hardware}/sim/{wildcards.experiment}/{wildcards.run}"]
+# Every simulated run's whole specification (feather/sim/run_spec.py), built and checked once
+# here, by its directory: the simulate rule hands it to its job as it is.
+SIM_SPECS = {out: run.run_spec(config) for out, run in RUNS.items()}
+
+
+# Every training job's specification (feather/sim/run_spec.py TrainSpec), by the directory of
+# its table and report: the experiments' learners per device, and the transfer tables.
+TRAIN_SPECS = {out: spec for exp in EXPERIMENTS.values() for out, spec in exp.training_jobs.items()}
+
+
+def sim_spec(wildcards):
+    return SIM_SPECS[f"results/{wildcards.hardware}/sim/{wildcards.experiment}/{wildcards.run}"]
 
 
 def summary_paths():
@@ -236,16 +246,6 @@ def shape_args(options, kind="leval"):
                          f"{', '.join(sorted(own))}, {', '.join(flags)}")
     return shlex.join([a for key, names in flags.items() if key in options
                        for name in names for a in (name, options[key])])
-
-
-def training():
-    """The rl experiment's training section (what the learners train and are evaluated on)."""
-    return EXPERIMENTS["rl"].training
-
-
-def transfer():
-    """The rl experiment's transfer training (the table a real engine deploys), or {}."""
-    return (training() or {}).get("transfer") or {}
 
 
 def figure_meta(name):

@@ -14,7 +14,8 @@ for _batch in ENGINE_BATCHES:
         params:
             feather=FEATHER,
             code=RUN_CODE,
-            args=shlex.join(_batch.cli_args()),
+            # the job's whole specification (feather/engines/runs.py), built once at parse time
+            spec=json.dumps(_batch.job_spec(config), sort_keys=True),
             out=lambda wc, output: str(Path(output[0]).parent.parent),
         log:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
@@ -29,4 +30,4 @@ for _batch in ENGINE_BATCHES:
         conda:
             "../envs/feather.yaml"
         shell:
-            "{params.feather} run {params.args} --out {params.out:q} --quiet > {log:q} 2>&1"
+            "{params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1"

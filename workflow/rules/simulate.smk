@@ -4,8 +4,8 @@
 
 rule simulate:
     input:
-        workload=lambda wc: [] if run_of(wc).workload_spec.startswith("synthetic:")
-        else [run_of(wc).workload_spec],
+        workload=lambda wc: [] if sim_spec(wc)["simulation"]["workload"].startswith("synthetic:")
+        else [sim_spec(wc)["simulation"]["workload"]],
     output:
         trace="results/{hardware}/sim/{experiment}/{run}/trace.parquet",
         requests="results/{hardware}/sim/{experiment}/{run}/requests.parquet",
@@ -14,9 +14,9 @@ rule simulate:
     params:
         feather=FEATHER,
         code=RUN_CODE,
-        # the run's whole specification, serialised once here (feather/sim/run_spec.py); the
+        # the run's whole specification, built once at parse time (common.smk SIM_SPECS); the
         # job keeps it as spec.json beside its summary
-        spec=lambda wc: json.dumps(run_of(wc).run_spec(config), sort_keys=True),
+        spec=lambda wc: json.dumps(sim_spec(wc), sort_keys=True),
         out=lambda wc, output: str(Path(output.summary).parent),
     log:
         "logs/sim/{hardware}/{experiment}/{run}.log",
