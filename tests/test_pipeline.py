@@ -292,7 +292,7 @@ def test_cost_model_and_overlap_are_template_axes(tmp_path: Path) -> None:
     serial = next(r for r in runs if r.run_id == "w__fcfs__cost=port__serial__s0")
     simulation = serial.run_spec(config)["simulation"]
     assert simulation["sched_cost_model"] == "port" and simulation["overlap_scheduling"] is False
-    for bad, message in (({"sched_cost_model": "sglang-9"}, "unknown sched_cost_model"),
+    for bad, message in (({"sched_cost_model": "sglang-9"}, "sched_cost_model must be one of"),
                          ({"overlap_scheduling": "yes"}, "true or false")):
         path.write_text(yaml.safe_dump({**spec, "runs": [{**template, **bad}]}))
         with pytest.raises(ExperimentError, match=message):
@@ -445,6 +445,41 @@ def test_a_bad_experiment_template_fails_at_parse_time(tmp_path) -> None:
         "min_batch = 'many': expected int | None"
     )
     assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()
+
+
+NO_NETWORK = """
+import os
+import socket
+
+
+def _refuse(*args, **kwargs):
+    with open(os.environ["FEATHER_TEST_CONNECTS"], "a") as log:
+        log.write(f"{args[-1] if len(args) < 3 else args[0]}\\n")
+    raise OSError("no network in this test")
+
+
+socket.socket.connect = _refuse
+socket.socket.connect_ex = _refuse
+socket.getaddrinfo = _refuse
+"""
+
+
+def test_the_workflows_parse_asks_no_network(tmp_path: Path) -> None:
+    """Planning (`snakemake -n`) opens no connection - not to the hub, not anywhere - so every
+    job's parse plans what the main one's did, offline or not (sitecustomize in the job's
+    PYTHONPATH records and refuses any connect)."""
+    (tmp_path / "sitecustomize.py").write_text(NO_NETWORK)
+    (tmp_path / "toy_scheduler.py").write_text(TOY_SCHEDULER)
+    (tmp_path / "own.smk").write_text(OWN_RULE)
+    log = tmp_path / "connects.log"
+    os.environ["FEATHER_TEST_CONNECTS"] = str(log)
+    try:
+        done = snakemake(tmp_path, tiny_config(tmp_path, data={"leval_dir": None, "hub": True}),
+                         "-n")
+    finally:
+        del os.environ["FEATHER_TEST_CONNECTS"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not log.exists(), log.read_text()
 
 
 def test_dry_run_and_lint_of_the_default_config_are_clean() -> None:

@@ -86,8 +86,9 @@ def download(repo_id: str, filename: str, dest: Path, *, what: str, revision: st
     if reason is not None:
         raise DataUnavailableError(
             f"cannot download {what}: the HuggingFace hub is unreachable ({reason}) and no "
-            f"local copy was given. Pass --data-dir DIR (or data.local_dir in the config): a "
-            f"directory holding the benchmark's files in the hub's layout."
+            f"local copy was given. Pass --data-dir DIR (the pipeline: config.yaml "
+            f"data.leval_dir, or data.hub: false to skip what needs it): a directory holding "
+            f"the benchmark's files in the hub's layout."
         )
     endpoint = _endpoint()
     client_log = logging.getLogger("huggingface_hub")  # its retry warnings: we say what failed

@@ -24,7 +24,6 @@ from feather.engines.selection import EngineUnavailableError, installed_build, s
 from feather.pipeline.experiments import slug_options
 from feather.engines.gpu import attached_gpus
 from feather.sim.hardware import get_hardware, hardware_names
-from feather.workloads.hub import hub_unreachable_reason
 
 REPO = Path(workflow.basedir)
 
@@ -94,14 +93,17 @@ def _leval_dir():
 
 
 def _available_data():
+    """The workload kinds the runs may use. Decided from the config and the disk alone, never
+    by asking the network: every job's parse plans the same runs as the main one's."""
     available = {"synthetic", "longbench-format"}
     if LEVAL_DIR is not None:
         available.add("leval")
-    elif (config.get("data") or {}).get("hub", True) and hub_unreachable_reason() is None:
+    elif (config.get("data") or {}).get("hub", True):
         available.add("leval")  # downloaded by the workload rule
+        note("no local L-Eval copy (data.leval_dir, $FEATHER_LEVAL_DIR, ../shared/datasets/leval): "
+             "the workload jobs download it from the hub (data.hub: false skips L-Eval instead)")
     else:
-        note("no L-Eval data (no data.leval_dir, no $FEATHER_LEVAL_DIR, no "
-             "../shared/datasets/leval, hub unreachable): L-Eval experiments are skipped")
+        note("no L-Eval data (no local copy, data.hub: false): L-Eval experiments are skipped")
     return available
 
 
