@@ -158,10 +158,10 @@ def check_scheduler_params(
     The range is the class's own: it is built once with the given parameters (less any
     `PRODUCED_FILE_PARAMS`), so the CLI, the workflow and the engines refuse the same values
     with the same message. `values=False` skips that build (a caller about to build it)."""
-    _check_param_types(name, params, where)
+    cls = resolve_scheduler(name)
+    _check_param_types(cls, name, params, where)
     if not values:
         return
-    cls = resolve_scheduler(name)
     try:
         cls(**{k: v for k, v in params.items() if k not in PRODUCED_FILE_PARAMS})
     except (TypeError, ValueError) as exc:  # the class's own range checks
@@ -169,8 +169,9 @@ def check_scheduler_params(
         raise SchedulerParamError(f"scheduler {name!r}{given}: {exc}") from exc
 
 
-def _check_param_types(name: str, params: Mapping[str, Any], where: str) -> None:
-    cls = resolve_scheduler(name)
+def _check_param_types(
+    cls: type[AdmissionPolicy], name: str, params: Mapping[str, Any], where: str
+) -> None:
     given = f" (given in {where})" if where else ""
     if not isinstance(params, Mapping):
         raise SchedulerParamError(
@@ -193,8 +194,11 @@ def _check_param_types(name: str, params: Mapping[str, Any], where: str) -> None
 
 def create_scheduler(name: str, **params: Any) -> AdmissionPolicy:
     """Instantiate a scheduler by name or dotted path with its parameters."""
-    cls = resolve_scheduler(name)
-    check_scheduler_params(name, params, values=False)
+    return _build(resolve_scheduler(name), name, params)
+
+
+def _build(cls: type[AdmissionPolicy], name: str, params: dict[str, Any]) -> AdmissionPolicy:
+    _check_param_types(cls, name, params, "")
     try:
         return cls(**params)
     except (TypeError, ValueError) as exc:  # the class's own range checks
@@ -218,9 +222,10 @@ def create_engine_policy(
     gives them. The user's `params` win for everything else; `seed` is the default seed.
     """
     params = dict(params or {})
+    cls = resolve_scheduler(name)  # once: the checks and the build below use the class
     # the user's own, before the engine's are added (their range when the class is built)
-    check_scheduler_params(name, params, values=False)
-    accepted = scheduler_parameters(resolve_scheduler(name))
+    _check_param_types(cls, name, params, "")
+    accepted = scheduler_parameters(cls)
     if "chunk_size" in accepted:
         params.setdefault("chunk_size", block_size)
         if params["chunk_size"] != block_size:
@@ -233,7 +238,7 @@ def create_engine_policy(
     if cache_capacity_tokens is not None and "cache_capacity_tokens" in accepted:
         params.setdefault("cache_capacity_tokens", cache_capacity_tokens)
     params.setdefault("seed", seed)
-    return create_scheduler(name, **params)
+    return _build(cls, name, params)
 
 
 def create_vllm_policy(
