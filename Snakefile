@@ -28,10 +28,10 @@ include: "workflow/rules/engines.smk"
 include: "workflow/rules/overhead.smk"
 include: "workflow/rules/kernels.smk"
 include: "workflow/rules/train.smk"
-include: "workflow/rules/aggregate.smk"
-include: "workflow/rules/figures.smk"
 include: "workflow/rules/fidelity.smk"
 include: "workflow/rules/online.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/figures.smk"  # last: the verdicts read every stage's targets
 
 
 # Your own rules (e.g. a patched engine run by an external command): config extra_rules.

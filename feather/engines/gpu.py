@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+
+
+def gpu_label(name: str) -> str:
+    """A GPU name as a results/<label>/ folder: "NVIDIA H100 80GB HBM3" -> nvidia-h100-80gb-hbm3."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
 
 
 def attached_gpus() -> list[str]:

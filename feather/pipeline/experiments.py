@@ -346,6 +346,21 @@ WORKLOAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
 }
 
 
+def builder_flags(options: dict[str, str], kind: str = "leval") -> list[str]:
+    """`feather workload build` flags for a built workload's slug options pergroup, groups,
+    output, order, seed (e.g. pergroup=6); `kind`'s own keys - min/max (leval), prefix
+    (longbench-format) - are the rules' to pass."""
+    flags = {"groups": ["--max-groups"], "output": ["--output"], "order": ["--order"],
+             "seed": ["--seed"], "pergroup": ["--min-per-group", "--max-per-group"]}
+    own = {"leval": {"min", "max"}, "longbench-format": {"prefix"}}[kind]
+    unknown = set(options) - set(flags) - own
+    if unknown:
+        raise ValueError(f"{kind} workload option(s) {sorted(unknown)}: known "
+                         f"{', '.join(sorted(own))}, {', '.join(flags)}")
+    return [a for key, names in flags.items() if key in options
+            for name in names for a in (name, options[key])]
+
+
 def _check_workload_options(spec: str, kind: str, options: str) -> None:
     known = WORKLOAD_OPTIONS[kind]
     given = {}

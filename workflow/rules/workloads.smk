@@ -10,7 +10,7 @@ rule leval_workload:
         source=lambda wc: (["--data-dir", LEVAL_DIR] if LEVAL_DIR else []),
         lo=lambda wc: slug_options(wc.options).get("min", "0"),
         hi=lambda wc: slug_options(wc.options).get("max", "1000000000"),
-        shape=lambda wc: shape_args(slug_options(wc.options)),
+        shape=lambda wc: shlex.join(builder_flags(slug_options(wc.options))),
     log:
         "logs/workloads/leval__{options}__{model}.log",
     wildcard_constraints:
@@ -49,7 +49,7 @@ rule longbench_format_workload:
         feather=FEATHER,
         code=WORKLOAD_CODE,
         folder=lambda wc, input: str(Path(input[0]).parent),
-        shape=lambda wc: shape_args(slug_options(wc.options), "longbench-format"),
+        shape=lambda wc: shlex.join(builder_flags(slug_options(wc.options), "longbench-format")),
     log:
         "logs/workloads/longbench-format__{options}__{model}.log",
     wildcard_constraints:
@@ -74,7 +74,8 @@ rule load_workload:
     params:
         feather=FEATHER,
         code=WORKLOAD_CODE,
-        seed=load_seed,
+        # a load= workload's arrival seed: its base's order seed (0 when it has none)
+        seed=lambda wc: slug_options(wc.stem.partition("__")[2].partition("__")[0]).get("seed", "0"),
     log:
         "logs/workloads/load/{hardware}/{stem}__load={factor}.log",
     wildcard_constraints:
