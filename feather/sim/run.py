@@ -156,36 +156,8 @@ def simulate(
     workload = workload if workload is not None else load_workload(spec.workload)
     if not workload.requests:
         raise ValueError(f"workload {spec.workload!r} holds no requests: nothing to simulate")
-    too_long = [
-        r.request_id
-        for r in workload.requests
-        if r.prompt_len + r.output_len > model.context_tokens
-    ]
-    if too_long:
-        raise ValueError(
-            f"{len(too_long)} request(s) of {spec.workload!r} need more than {spec.model}'s "
-            f"context of {model.context_tokens} tokens (prompt + output), e.g. {too_long[0]!r}; "
-            f"build the workload for this model (feather workload build --model {spec.model})"
-        )
-    kv_bytes_per_block = spec.block_size * model.kv_bytes_per_token
-    # a CPU engine's pool is configured, not what device memory leaves (hardware.py says so)
-    device_blocks = (
-        None if hardware.step_time is not None
-        else int(hardware.kv_pool_bytes(model) // kv_bytes_per_block)
-    )
-    num_blocks = spec.num_blocks or device_blocks
-    if spec.kv_pool_fraction is not None:
-        distinct = shared_prefix_tokens_of(workload)
-        if not distinct:
-            raise ValueError(
-                f"{spec.workload!r} shares no prefix: a KV pool as a fraction of its shared "
-                "prefix tokens is undefined (use --num-blocks)"
-            )
-        num_blocks = math.ceil(spec.kv_pool_fraction * distinct / spec.block_size)
-    if num_blocks is None:
-        hardware.kv_pool_bytes(model)  # raises: a CPU engine's pool must be given
-    if num_blocks < 1:
-        raise ValueError(f"{spec.model} leaves no memory for KV blocks on {spec.hardware}")
+    _check_fits_context(spec, workload, model)
+    num_blocks, device_blocks = _kv_pool_blocks(spec, workload, model, hardware)
     regime = regime_fields(
         workload,
         num_blocks * spec.block_size,
@@ -238,7 +210,68 @@ def simulate(
     summary["sched_cost_model"] = _sched_cost_summary(spec, sched_model.source)
     summary["policy_scope_warning"] = _scope_warning(spec, policy)
     summary["nvml"] = not_applicable(f"simulated run ({spec.hardware} profile), no device")
-    summary["provenance"] = collect_provenance(
+    summary["provenance"] = _provenance(
+        spec, started, config, hardware, model, policy, sched_model.source, workload
+    )
+    return SimulationResult(spec, summary, trace, requests, result)
+
+
+def _check_fits_context(spec: SimulationSpec, workload: Workload, model: Any) -> None:
+    """Every request fits the model's context (prompt + output), or one error naming one."""
+    too_long = [
+        r.request_id
+        for r in workload.requests
+        if r.prompt_len + r.output_len > model.context_tokens
+    ]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} request(s) of {spec.workload!r} need more than {spec.model}'s "
+            f"context of {model.context_tokens} tokens (prompt + output), e.g. {too_long[0]!r}; "
+            f"build the workload for this model (feather workload build --model {spec.model})"
+        )
+
+
+def _kv_pool_blocks(
+    spec: SimulationSpec, workload: Workload, model: Any, hardware: Any
+) -> tuple[int, int | None]:
+    """(the run's KV blocks, what the device's memory leaves - None for a CPU engine, whose
+    pool is configured): `num_blocks`, a fraction of the workload's distinct shared-prefix
+    tokens, or the device's."""
+    kv_bytes_per_block = spec.block_size * model.kv_bytes_per_token
+    # a CPU engine's pool is configured, not what device memory leaves (hardware.py says so)
+    device_blocks = (
+        None if hardware.step_time is not None
+        else int(hardware.kv_pool_bytes(model) // kv_bytes_per_block)
+    )
+    num_blocks = spec.num_blocks or device_blocks
+    if spec.kv_pool_fraction is not None:
+        distinct = shared_prefix_tokens_of(workload)
+        if not distinct:
+            raise ValueError(
+                f"{spec.workload!r} shares no prefix: a KV pool as a fraction of its shared "
+                "prefix tokens is undefined (use --num-blocks)"
+            )
+        num_blocks = math.ceil(spec.kv_pool_fraction * distinct / spec.block_size)
+    if num_blocks is None:
+        hardware.kv_pool_bytes(model)  # raises: a CPU engine's pool must be given
+    if num_blocks < 1:
+        raise ValueError(f"{spec.model} leaves no memory for KV blocks on {spec.hardware}")
+    return num_blocks, device_blocks
+
+
+def _provenance(
+    spec: SimulationSpec,
+    started: str,
+    config: EngineConfig,
+    hardware: Any,
+    model: Any,
+    policy: AdmissionPolicy,
+    sched_source: dict[str, Any],
+    workload: Workload,
+) -> dict[str, Any]:
+    """What produced the run: the spec, the simulated engine and device, the policy as built,
+    the scheduling-cost model's source and the workload file's hash."""
+    return collect_provenance(
         config=spec.to_json(),
         seed=spec.seed,
         started_utc=started,
@@ -259,7 +292,7 @@ def simulate(
                 "class": type(policy).__qualname__,
                 "params": policy.params(),
             },
-            "sched_cost_model": sched_model.source,
+            "sched_cost_model": sched_source,
             "workload": {
                 "spec": spec.workload,
                 "sha256": workload.provenance.get("parquet_sha256"),
@@ -267,7 +300,6 @@ def simulate(
             },
         },
     )
-    return SimulationResult(spec, summary, trace, requests, result)
 
 
 def _sched_cost_summary(spec: SimulationSpec, source: dict[str, Any]) -> dict[str, Any]:
