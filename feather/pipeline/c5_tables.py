@@ -14,7 +14,7 @@ from pathlib import PurePath
 
 import pandas as pd
 
-from feather.pipeline.experiments import slug_options
+from feather.pipeline.workload_specs import slug_options
 
 # The workload file is part of the setting: the full sweep's prefix buckets and LongBench-format
 # workloads share every other key with whole L-Eval's seed-0 run (same order, seed, outputs,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 import yaml
 
 from feather.engines.runs import ENGINE_JOB_FORMAT
+from feather.pipeline.workload_specs import WorkloadSpecError, slug, split_load, workload_path
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
 
@@ -248,57 +248,6 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _slug(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return re.sub(r"[^A-Za-z0-9.=+-]+", "-", text).strip("-")
-
-
-def slug_options(text: str) -> dict[str, str]:
-    """'min=1000-max=2000' -> {'min': '1000', 'max': '2000'}: the options of a workload file's
-    name (the slug `workload_path` writes; its values hold no '-')."""
-    return dict(part.split("=", 1) for part in text.replace(",", "-").split("-") if "=" in part)
-
-
-def workload_path(spec: str, model: str, hardware: str | None = None) -> str | None:
-    """The built file of a non-synthetic workload spec (None for synthetic specs).
-
-    A `load=F` option (Poisson arrivals at F x FCFS's offline capacity) makes the file
-    depend on the hardware too: data/workloads/load/<hardware>/<base file stem>__load=F.
-    """
-    if spec.startswith("synthetic:"):
-        return None
-    kind, _, options = spec.partition(":")
-    if kind not in WORKLOAD_OPTIONS:
-        raise ExperimentError(
-            f"unknown workload kind {kind!r} in {spec!r}: use synthetic:..., "
-            "leval:min=..,max=.. or longbench-format:prefix=.."
-        )
-    _check_workload_options(spec, kind, options)
-    base, load = split_load(options)
-    stem = f"{kind}__{_slug(base) or 'all'}__{model}"
-    if load is None:
-        return f"data/workloads/{stem}.parquet"
-    if hardware is None:
-        raise ExperimentError(f"{spec!r}: a load= workload depends on the hardware")
-    return f"data/workloads/load/{hardware}/{stem}__load={load}.parquet"
-
-
-def split_load(options: str) -> tuple[str, str | None]:
-    """('order=shuffled,seed=0', '0.5') from 'order=shuffled,seed=0,load=0.5'."""
-    parts = [p for p in options.split(",") if p]
-    load = [p.partition("=")[2] for p in parts if p.startswith("load=")]
-    if len(load) > 1 or (load and not _positive_number(load[0])):
-        raise ExperimentError(f"workload options {options!r}: load= takes one number > 0")
-    return ",".join(p for p in parts if not p.startswith("load=")), (load[0] if load else None)
-
-
-def _positive_number(text: str) -> bool:
-    try:
-        return float(text) > 0
-    except ValueError:
-        return False
-
-
 def _engine_scheduler(
     experiment: Experiment, item: str | dict[str, Any], schedulers: dict[str, dict[str, Any]]
 ) -> tuple[str, str, tuple[tuple[str, Any], ...]]:
@@ -314,71 +263,6 @@ def _engine_scheduler(
         return item["label"], item.get("class", item["label"]), tuple(sorted(params.items()))
     entry = schedulers.get(item, {})
     return item, entry.get("class", item), tuple(sorted((entry.get("params") or {}).items()))
-
-
-def _whole(low: int) -> tuple[str, Any]:
-    return (f"a whole number >= {low}", lambda v: re.fullmatch(r"[0-9]+", v) and int(v) >= low)
-
-
-_ORDERS = ("grouped", "shuffled", "interleaved")
-# What the built workloads' options may be (the rules in workflow/rules/workloads.smk turn
-# them into `feather workload build` flags): key -> (what it must be, test).
-WORKLOAD_OPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
-    "leval": {
-        "min": _whole(0),
-        "max": _whole(0),
-        "pergroup": _whole(1),
-        "groups": _whole(1),
-        "output": (
-            "reference or a whole number >= 1",
-            lambda v: v == "reference" or _whole(1)[1](v),
-        ),
-        "order": ("grouped, shuffled or interleaved", lambda v: v in _ORDERS),
-        "seed": _whole(0),
-        "load": ("a number > 0 (x FCFS's offline capacity)", lambda v: _positive_number(v)),
-    },
-    "longbench-format": {
-        "prefix": _whole(1),
-        "order": ("grouped, shuffled or interleaved", lambda v: v in _ORDERS),
-        "seed": _whole(0),
-        "load": ("a number > 0 (x FCFS's offline capacity)", lambda v: _positive_number(v)),
-    },
-}
-
-
-def builder_flags(options: dict[str, str], kind: str = "leval") -> list[str]:
-    """`feather workload build` flags for a built workload's slug options pergroup, groups,
-    output, order, seed (e.g. pergroup=6); `kind`'s own keys - min/max (leval), prefix
-    (longbench-format) - are the rules' to pass."""
-    flags = {"groups": ["--max-groups"], "output": ["--output"], "order": ["--order"],
-             "seed": ["--seed"], "pergroup": ["--min-per-group", "--max-per-group"]}
-    own = {"leval": {"min", "max"}, "longbench-format": {"prefix"}}[kind]
-    unknown = set(options) - set(flags) - own
-    if unknown:
-        raise ValueError(f"{kind} workload option(s) {sorted(unknown)}: known "
-                         f"{', '.join(sorted(own))}, {', '.join(flags)}")
-    return [a for key, names in flags.items() if key in options
-            for name in names for a in (name, options[key])]
-
-
-def _check_workload_options(spec: str, kind: str, options: str) -> None:
-    known = WORKLOAD_OPTIONS[kind]
-    given = {}
-    for item in filter(None, options.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in known:
-            raise ExperimentError(
-                f"workload {spec!r}: option {item!r} is not key=value with a key of "
-                f"{', '.join(known)}"
-            )
-        expected, ok = known[key]
-        if not ok(value):
-            raise ExperimentError(f"workload {spec!r}: {key}={value!r}: expected {expected}")
-        given[key] = value
-    if kind == "longbench-format" and "prefix" not in given:
-        raise ExperimentError(f"workload {spec!r}: needs prefix=N (words of each context)")
-    if "min" in given and "max" in given and int(given["min"]) > int(given["max"]):
-        raise ExperimentError(f"workload {spec!r}: min is larger than max")
 
 
 def _scheduler_names(template: dict[str, Any], schedulers: dict[str, Any]) -> list[str]:
@@ -569,7 +453,10 @@ def expand_engine_runs(
         if template.get("device", "any") not in ("any", device):
             continue  # an entry for the other kind of machine (e.g. the paper's scale on GPUs)
         spec = experiment.workloads[template["workload"]].replace("{seed}", "0")
-        path = workload_path(spec, template["model"]) or spec  # a synthetic spec: inline
+        try:
+            path = workload_path(spec, template["model"]) or spec  # a synthetic spec: inline
+        except WorkloadSpecError as exc:  # a load= workload: its rate is the simulator's
+            raise ExperimentError(f"{where}: {exc}") from None
         if spec.partition(":")[0] not in available:
             experiment.skipped.append(f"{template['workload']} ({spec} data not available)")
             continue
@@ -727,11 +614,11 @@ def _run_id(run: Run, config_params: dict[str, Any], default_model: str) -> str:
                 run.workload,
                 run.scheduler,
                 ",".join(
-                    f"{k}={_slug(v)}" for k, v in run.params if k not in config_params
+                    f"{k}={slug(v)}" for k, v in run.params if k not in config_params
                 ),
                 run.kernel if run.kernel != "paged" else "",
                 run.engine_mode if run.engine_mode != "vllm" else "",
-                f"pool={_slug(fraction)}" if fraction is not None else "",
+                f"pool={slug(fraction)}" if fraction is not None else "",
                 f"cost={run.sched_cost_model}" if run.sched_cost_model is not None else "",
                 {True: "overlap", False: "serial", None: ""}[run.overlap_scheduling],
                 run.model if run.model != default_model else "",

@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from feather.pipeline.experiments import ExperimentError, workload_path
+from feather.pipeline.experiments import ExperimentError
+from feather.pipeline.workload_specs import WorkloadSpecError, workload_path
 
 SPEC_FIELDS = {
     "claim", "title", "paper", "figures", "description", "workloads", "model", "engine",
@@ -142,7 +143,10 @@ def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> li
                 )
             built = None
         elif dataset in workloads:
-            built = workload_path(workloads[dataset], model)
+            try:
+                built = workload_path(workloads[dataset], model)
+            except WorkloadSpecError as exc:
+                raise ExperimentError(f"{path}: workload {dataset}: {exc}") from None
             if built is None:
                 raise ExperimentError(f"{path}: workload {dataset}: a synthetic spec has no file")
         else:

@@ -19,7 +19,7 @@ from feather.pipeline.code_digest import (
 from feather.pipeline.checks import check_schedulers, load_experiments, plan_online_jobs, stop
 from feather.engines.selection import ENGINES as ENGINE_TABLE
 from feather.engines.selection import EngineUnavailableError, installed_build, select_engines
-from feather.pipeline.experiments import builder_flags, slug_options
+from feather.pipeline.workload_specs import builder_flags, slug_options
 from feather.engines.gpu import attached_gpus, gpu_label
 from feather.sim.hardware import get_hardware, hardware_names
 
