@@ -226,6 +226,12 @@ def report_time_budget(start):
         note(f"  rl         {seconds:7.1f} s training {bench.stem} on {bench.parent.name}")
 
 
+def figure_meta(name):
+    """What a figure is labelled with: its claim, title, the paper's number, its experiment."""
+    exp = next(e for e in EXPERIMENTS.values() if name in e.figures)
+    return {"claim": exp.claim, "title": exp.title, "paper": exp.paper, "experiment": exp.name}
+
+
 @contextlib.contextmanager
 def logged_to(path):
     """Send what a `run:` block prints to its rule's log, as shell rules do with `> {log}`."""
