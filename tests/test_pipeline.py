@@ -313,7 +313,7 @@ def test_except_schedulers_leaves_out_only_the_named_ones(tmp_path: Path) -> Non
     runs = expand(load_experiment(path), config, set()).runs
     assert sorted(r.scheduler for r in runs) == ["fcfs", "mine"]
     for bad, message in (({"scheduler": ["fcfs"]}, "only to scheduler: all"),
-                         ({"except_schedulers": [3]}, "except_schedulers must be a name or a list")):
+                         ({"except_schedulers": [3]}, "except_schedulers must be a name")):
         path.write_text(yaml.safe_dump({**spec, "runs": [{**template, **bad}]}))
         with pytest.raises(ExperimentError, match=message):
             expand(load_experiment(path), config, set())
