@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
 from feather.engines.sglang.plugin import ENTRY_POINT_GROUP, ENTRY_POINT_NAME
 from feather.engines.sglang.records import read_records, request_id_for
 from feather.engines.sglang.settings import ALL_VARS, PluginSettings
@@ -65,7 +66,7 @@ class SGLangSetup:
     """How each engine is started. `max_total_tokens` None: SGLang sizes its KV pool."""
 
     model: str
-    max_running_requests: int = 256
+    max_running_requests: int = DEFAULT_MAX_NUM_SEQS  # `feather run --max-num-seqs`'s
     chunked_prefill_size: int | None = None
     max_total_tokens: int | None = None
     page_size: int | None = None
