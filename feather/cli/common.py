@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 from feather.cli_values import positive_int
 from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
+
+T = TypeVar("T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,6 +104,21 @@ def lacking_flags(args: argparse.Namespace, names: tuple[str, ...]) -> None:
     lacking = [f"--{name.replace('_', '-')}" for name in names if getattr(args, name) is None]
     if lacking:
         raise ValueError(f"give --spec, or {', '.join(lacking)}")
+
+
+def spec_or_flags(
+    args: argparse.Namespace,
+    required: tuple[str, ...],
+    load: Callable[[str], T],
+    from_flags: Callable[[argparse.Namespace], T],
+) -> T:
+    """The job `--spec` gives (alone: no flag that describes the job beside it), else the one
+    the flags describe (the `required` ones given)."""
+    if args.spec is not None:
+        refuse_flags_beside_spec(args)
+        return load(args.spec)
+    lacking_flags(args, required)
+    return from_flags(args)
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:

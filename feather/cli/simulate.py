@@ -10,8 +10,7 @@ from feather.cli.common import (
     _parse_params,
     add_engine_limits,
     add_spec,
-    lacking_flags,
-    refuse_flags_beside_spec,
+    spec_or_flags,
 )
 from feather.cli_values import seed
 from feather.engine_limits import ENGINE_MODES
@@ -26,12 +25,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from feather.sim.run import simulate, stderr_progress, write_run
     from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec
 
-    if args.spec is not None:
-        refuse_flags_beside_spec(args)
-        run_spec = RunSpec.load(args.spec)
-    else:
-        lacking_flags(args, RUN_FLAGS)
-        run_spec = _spec_from_flags(args)
+    run_spec = spec_or_flags(args, RUN_FLAGS, RunSpec.load, _spec_from_flags)
     run_spec.register_profiles()
     spec = run_spec.simulation
     result = simulate(spec, progress=None if args.quiet else stderr_progress)

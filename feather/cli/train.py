@@ -10,8 +10,7 @@ from feather.cli.common import (
     _parse_params,
     add_engine_limits,
     add_spec,
-    lacking_flags,
-    refuse_flags_beside_spec,
+    spec_or_flags,
 )
 from feather.cli_values import seeds
 from feather.engine_limits import ENGINE_MODES
@@ -27,12 +26,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from feather.sim.run_spec import TrainSpec
     from feather.sim.training import evaluate, train
 
-    if args.spec is not None:
-        refuse_flags_beside_spec(args)
-        spec = TrainSpec.load(args.spec)
-    else:
-        lacking_flags(args, TRAIN_FLAGS)
-        spec = _spec_from_flags(args)
+    spec = spec_or_flags(args, TRAIN_FLAGS, TrainSpec.load, _spec_from_flags)
     spec.register_profiles()
     base = spec.simulation
     trained = train(

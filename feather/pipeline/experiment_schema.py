@@ -51,18 +51,32 @@ def schema() -> dict[str, Any]:
     return data
 
 
-def violation(data: Any) -> str | None:
-    """The experiment's first violation of the schema, in one line, or None."""
+_VALIDATORS: dict[int, tuple[dict[str, Any], Any]] = {}
+
+
+def _validator(root: dict[str, Any]) -> Any:
+    """The schema's validator, built once per schema (`schema()` may be rebuilt)."""
     import jsonschema
 
-    root = schema()
+    built = _VALIDATORS.get(id(root))
+    if built is not None and built[0] is root:
+        return built[1]
     draft = jsonschema.validators.validator_for(root)
     # a whole number is an int in YAML's reading: 2.0 is not a seed or a block count
     whole = draft.TYPE_CHECKER.redefine(
         "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool)
     )
     validator = jsonschema.validators.extend(draft, type_checker=whole)(root)
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    _VALIDATORS[id(root)] = (root, validator)
+    return validator
+
+
+def violation(data: Any) -> str | None:
+    """The experiment's first violation of the schema, in one line, or None."""
+    import jsonschema
+
+    root = schema()
+    error = jsonschema.exceptions.best_match(_validator(root).iter_errors(data))
     if error is None:
         return None
     path = list(error.absolute_path)
