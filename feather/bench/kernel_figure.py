@@ -87,4 +87,7 @@ def draw(documents: Sequence[dict[str, Any]], out: Path) -> None:
 
 
 def draw_files(paths: Sequence[str | Path], out: str | Path) -> None:
-    draw([json.loads(Path(p).read_text()) for p in paths], Path(out))
+    """The figure of every result that ran (a failed job's record is left out)."""
+    from feather.pipeline.job_status import failed
+
+    draw([json.loads(Path(p).read_text()) for p in paths if not failed(p)], Path(out))

@@ -126,5 +126,5 @@ def cpu_install_on_gpus(gpus: Sequence[str], needs_cuda: Sequence[str]) -> str |
         f"GPUs {', '.join(gpus)} are attached or declared (gpus:), but this environment holds "
         f"the CPU install ({', '.join(cpu_builds)}), so {cannot} "
         f"on them: install the CUDA lock with `{CUDA_INSTALL}`, or plan for the CPU alone with "
-        "--config ignore_gpus=true"
+        "`--config ignore_gpus=True`"
     )

@@ -203,8 +203,11 @@ def aggregate(
     out_csv: str | Path,
 ) -> pd.DataFrame:
     """Validate every summary, then write both tables (atomically). A simulated run's
-    scheduler is the label its spec.json gives (the experiment file's name for it)."""
-    rows = [summary_row(Path(p)) for p in paths]
+    scheduler is the label its spec.json gives (the experiment file's name for it). A failed
+    job's record (feather/pipeline/job_status.py) is no run: the verdicts page names it."""
+    from feather.pipeline.job_status import failed
+
+    rows = [summary_row(Path(p)) for p in paths if not failed(p)]
     for row in rows:
         label = run_label(Path(row["summary_path"]).parent)
         if label:

@@ -39,7 +39,11 @@ def _caption(paths: Iterable[str | Path]) -> str:
 
 def load_rows(paths: Iterable[str | Path]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
+    from feather.pipeline.job_status import failed
+
     for path in paths:
+        if failed(path):
+            continue
         doc = json.loads(Path(path).read_text())
         for row in doc["rows"]:
             rows.append(

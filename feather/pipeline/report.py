@@ -93,8 +93,12 @@ def fidelity_ours(table_json: str | Path) -> str:
 
 def kernels_ours(paths: Iterable[str | Path]) -> str:
     """One line per device of the kernel benchmark's C1, C2 and C7 ratios (paged kernel)."""
+    from feather.pipeline.job_status import failed
+
     lines = []
     for path in paths:
+        if failed(path):
+            continue
         doc = json.loads(Path(path).read_text())
         summary, device = doc["summary"], doc.get("device", "?")
         c1 = [r for r in summary["c1"] if r["kernel"] == "paged"]

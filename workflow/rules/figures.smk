@@ -49,6 +49,16 @@ rule our_numbers:
             write_ours(input.table, input.reports, output[0], EXPERIMENTS, input.sections)
 
 
+# The outputs of the jobs that may fail for their machine and leave a record instead
+# (feather/pipeline/job_status.py): engine runs, the kernel benches, online serving.
+GUARDED_OUTPUTS = (
+    [f"{d}/summary.json" for batch in ENGINE_BATCHES for d in batch.run_dirs()]
+    + ([] if KERNEL_SWEEP == "off" else [f"results/{m}/kernels/kernels.json"
+                                         for m in KERNEL_MACHINES])
+    + [f"{job.out_dir}/online.json" for job in ONLINE_JOBS]
+)
+
+
 rule verdicts:
     """Claim by claim: the paper's number, ours, a verdict by the rules on the page."""
     input:
@@ -64,15 +74,33 @@ rule verdicts:
         kernel_files=lambda wc, input: list(input.kernels),
         fidelity_path=lambda wc, input: input.fidelity[0] if input.fidelity else None,
         online_files=lambda wc, input: list(input.online),
+        not_planned=NOT_PLANNED,
+        guarded=GUARDED_OUTPUTS,  # where a failed job leaves its record
     log:
         "logs/figures/verdicts.log",
     run:
         from feather.pipeline.verdicts import write_verdicts
 
+        with logged_to(log[0]):  # params are write_verdicts' keyword arguments
+            write_verdicts(input.table, output[0], **params)
+
+
+rule jobs_check:
+    """Last: the run fails if any job failed for its machine (its verdict page is written
+    first). It removes the failed jobs' records, so the next run retries those jobs."""
+    input:
+        "figures/verdicts.md",
+        report_pages(),
+        GUARDED_OUTPUTS,
+    output:
+        "results/jobs_check.json",
+    log:
+        "logs/jobs_check.log",
+    run:
+        from feather.pipeline.job_status import check_jobs
+
         with logged_to(log[0]):
-            # params in write_verdicts' order: overhead_dir, kernel_files, fidelity_path,
-            # online_files
-            write_verdicts(input.table, output[0], *params)
+            check_jobs(GUARDED_OUTPUTS, output[0])
 
 
 # Pages of Snakemake's HTML report: our numbers, and the verdicts where there are any.

@@ -29,7 +29,12 @@ rule kernels_bench:
         feather=FEATHER,
         code=source_digest(["kernels", "bench/kernels.py"]),
         device=lambda wc: "cpu" if wc.machine == "cpu" else "cuda",
-        sweep="" if KERNEL_SWEEP in ("default", "off") else f"--{KERNEL_SWEEP}",
+        # a GPU measures the paper's shapes (--full) unless `kernel_bench: quick`
+        sweep=lambda wc: ("--quick" if KERNEL_SWEEP == "quick" else "--full")
+        if wc.machine != "cpu"
+        else ("" if KERNEL_SWEEP in ("default", "off") else f"--{KERNEL_SWEEP}"),
+        job_status=JOB_STATUS,
+        job=lambda wc: f"kernels_bench_{wc.machine}",
     log:
         "logs/kernels/{machine}.log",
     threads: all_cores  # alone: it measures time
@@ -40,7 +45,8 @@ rule kernels_bench:
         "../envs/feather.yaml"
     shell:
         "{params.feather} bench kernels --device {params.device} {params.sweep} --out {output:q} "
-        "> {log:q} 2>&1"
+        "> {log:q} 2>&1 || {params.job_status} --job {params.job} "
+        "--claim 'C1 C2 C7' --log {log:q} --exit-code $? {output:q}"
 
 
 # The attached (or configured) GPU's Triton kernels: the same job, on a GPU.

@@ -36,6 +36,8 @@ for _job in ONLINE_JOBS:
             code=RUN_CODE,
             args=shlex.join(_job.cli_args()),
             out=lambda wc, output: str(Path(output.json).parent),
+            job_status=JOB_STATUS,
+            job=f"online_{_job.dataset}",
         log:
             f"logs/online/{_job.dataset}.log",
         threads: all_cores
@@ -49,7 +51,9 @@ for _job in ONLINE_JOBS:
         conda:
             "../envs/feather.yaml"
         shell:
-            "{params.feather} online {params.args} --out {params.out:q} > {log:q} 2>&1"
+            "{params.feather} online {params.args} --out {params.out:q} > {log:q} 2>&1 "
+            "|| {params.job_status} --job {params.job} --claim load --log {log:q} --exit-code $? "
+            "{output:q}"
 
 
 rule online_figure:
