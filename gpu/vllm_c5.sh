@@ -33,6 +33,17 @@ mkdir -p "$OUT"
 
 source gpu/cuda_vllm_env.sh  # the GPU, and the venv with CUDA vLLM
 
+# `feather simulate` flags for the engine limits a run's summary.json records
+sim_limits() {
+  "$VENV/bin/python" - "$1" <<'PY'
+import json, sys
+engine = json.load(open(sys.argv[1]))["provenance"]["engine"]
+flags = {"block_size": "--block-size", "num_blocks": "--num-blocks",
+         "max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens"}
+print(" ".join(f"{flag} {engine[key]}" for key, flag in flags.items() if engine.get(key)))
+PY
+}
+
 WORKLOAD="$OUT/leval_1k_10k.parquet"
 if [ ! -f "$WORKLOAD" ]; then
   data=()
@@ -51,11 +62,12 @@ for mode in ${MODES:-sync async}; do
     2>&1 | tee "$OUT/vllm_$mode.log"
 done
 
-# the simulator runs with the block size the engine used
-block_size=$("$VENV/bin/python" -c "import json, sys; print(json.load(open(sys.argv[1]))['provenance']['engine']['block_size'])" "$OUT/vllm_sync/fcfs__r0/summary.json")
+# the simulator runs with the engine limits the engine used (read from its provenance: RUN_ARGS
+# are `feather run` flags, some of which `feather simulate` does not take)
+read -r -a SIM_ARGS <<< "$(sim_limits "$OUT/vllm_sync/fcfs__r0/summary.json")"
 for s in "${SCHEDULERS[@]}"; do
-  "$VENV/bin/feather" simulate --block-size "$block_size" --workload "$WORKLOAD" --scheduler "$s" --hardware "$HARDWARE" \
-    --model "$MODEL" "${RUN_ARGS[@]}" --out "$OUT/sim_$HARDWARE/$s" --quiet
+  "$VENV/bin/feather" simulate --workload "$WORKLOAD" --scheduler "$s" --hardware "$HARDWARE" \
+    --model "$MODEL" "${SIM_ARGS[@]}" --out "$OUT/sim_$HARDWARE/$s" --quiet
 done
 
 "$VENV/bin/python" - "$OUT" <<'EOF'
