@@ -53,7 +53,7 @@ def jobs(printout: str) -> dict[str, list[dict[str, str]]]:
         if not head:
             continue
         fields = dict(re.findall(r"^    (output|resources): (.*)$", block, re.M))
-        shell = re.search(r"^(?!    )(\S.*(?: run | bench | online ).*)$", block, re.M)
+        shell = re.search(r"^Shell command: (.*)$", block, re.M)
         fields["shell"] = shell.group(1) if shell else ""
         planned.setdefault(head.group(1), []).append(fields)
     return planned
@@ -72,7 +72,7 @@ EXPECTED_ENGINE_JOBS = {
     "C1": ["engine_vllm_c1_c1"],
     "C2": [f"engine_vllm_c2_{w}{m}" for w in ("div0", "div1", "div8")
            for m in ("", "_cascade", "_pat")],
-    "C5": ["engine_vllm_vllm_leval_1k_10k"],
+    "C5": ["engine_vllm_vllm_leval_1k_10k", "engine_sglang_vllm_leval_1k_10k"],
     "C7": ["engine_vllm_c7_leval_gpu", "engine_vllm_c7_leval_gpu_pat"],
     "STOP": ["engine_vllm_stop_kernel_4k", "engine_vllm_stop_cascade_16k",
              "engine_vllm_stop_cascade_16k_cascade"],
@@ -89,7 +89,7 @@ def test_a_gpu_box_plans_each_claims_real_engine_runs_on_its_gpu(gpu_plan, claim
     for name in EXPECTED_ENGINE_JOBS[claim]:
         assert name in planned, (claim, name, sorted(planned))
         (job,) = planned[name]
-        assert f"results/{LABEL}/vllm/" in job["output"], job["output"]
+        assert f"results/{LABEL}/{name.split('_')[1]}/" in job["output"], job["output"]
         res = resources(job)
         assert res["gpu"] == "1" and int(res["mem_mb"]) >= 16000 and int(res["runtime"]) >= 30
         assert " run --spec " in job["shell"]
@@ -123,7 +123,18 @@ def test_every_entry_a_gpu_box_leaves_out_is_named_in_the_log(gpu_plan) -> None:
     notes = [line for line in gpu_plan.stderr.splitlines() if line.startswith("feather: ")]
     assert (f"feather: experiment c1: not run: engine_runs entry 0, vllm on c1_cpu (device: "
             f"cpu; vllm runs on a GPU ({LABEL}) here)") in notes
-    assert any("sglang" in n and "not installed" in n for n in notes), notes
+    assert "feather: GPUs: NVIDIA H100 80GB HBM3; engines that run here: sim, vllm, sglang" in notes
+
+
+def test_sglang_runs_in_the_environment_the_workflow_builds_from_its_lock(gpu_plan) -> None:
+    planned = jobs(gpu_plan.stdout)
+    (env,) = planned["engine_env"]
+    assert env["output"] == "results/engine-envs/sglang.json"
+    assert f"--lock {REPO / 'requirements-sglang-cuda.lock'} --with-feather" in env["shell"]
+    (job,) = planned["engine_sglang_vllm_leval_1k_10k"]
+    assert f"results/{LABEL}/sglang/vllm/" in job["output"] and resources(job)["gpu"] == "1"
+    assert "overhead env-ready results/engine-envs/sglang.json" in job["shell"]
+    assert '"engine": "sglang"' in job["shell"] and '"model": "llama-3.1-8b"' in job["shell"]
 
 
 def test_a_gpu_box_with_the_cpu_install_is_told_at_parse_time(tmp_path) -> None:

@@ -495,8 +495,18 @@ def test_dry_run_and_lint_of_the_default_config_are_clean() -> None:
     lint = subprocess.run(
         [*SNAKEMAKE, "--lint"], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
     )
-    assert lint.returncode == 0, lint.stdout[-3000:] + lint.stderr[-3000:]
-    assert "Lints for" not in lint.stdout + lint.stderr
+    text = lint.stdout + lint.stderr
+    assert lint.returncode == 0 or "Lints for" in text, text[-3000:]  # lints exit 1
+    # One lint is answered on purpose: the rules that need this environment's engines and
+    # kernels (vLLM, torch, Triton, installed from a lock with --no-deps, which a conda file
+    # cannot express) name no conda environment (common.smk FEATHER_HERE). Nothing else.
+    needs_engines = re.compile(r"engine_(vllm|sglang)_\w+|overhead_bench|kernels_bench(_gpu)?|"
+                               r"cpu_attn_bench|online_\w+")
+    blocks = re.split(r"\n(?=Lints for )", text)
+    for block in (b for b in blocks if b.startswith("Lints for")):
+        rule = re.match(r"Lints for rule (\S+) ", block)
+        assert rule and needs_engines.fullmatch(rule.group(1)), block
+        assert block.count("    * ") == 1 and "Specify a conda environment" in block, block
 
 
 def test_summary_table_has_provenance_columns(finished: Path) -> None:

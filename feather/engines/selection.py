@@ -20,12 +20,16 @@ from importlib import metadata
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """`builds`: distribution name -> whether that build needs a GPU; () = part of feather."""
+    """`builds`: distribution name -> whether that build needs a GPU; () = part of feather.
+    `own_env`: (environment name, lock file relative to the repository) of the GPU build the
+    workflow installs in an environment of its own where this one holds none - for an engine
+    whose pins conflict with vLLM's (SGLang)."""
 
     name: str
     needs_gpu: bool
     description: str
     builds: tuple[tuple[str, bool], ...] = ()
+    own_env: tuple[str, str] | None = None
 
 
 ENGINES: dict[str, EngineSpec] = {
@@ -43,6 +47,7 @@ ENGINES: dict[str, EngineSpec] = {
         needs_gpu=True,
         description="real SGLang with Feather as its plugin (feather.engines.sglang)",
         builds=(("sglang", True),),
+        own_env=("sglang-0.5.23-cuda", "requirements-sglang-cuda.lock"),
     ),
 }
 
@@ -80,11 +85,12 @@ def select_engines(
         needs_gpu = spec.needs_gpu
         if spec.builds:
             build = installed_build(spec)
-            if build is None:
+            if build is None and spec.own_env is None:
                 names = " or ".join(d for d, _ in spec.builds)
                 skipped.append(f"engine {name} ({spec.description}) is not installed ({names})")
                 continue
-            needs_gpu = build[1]
+            # not installed here but built in its own environment by the workflow: a GPU build
+            needs_gpu = build[1] if build is not None else True
         if needs_gpu and not gpus:
             reason = f"engine {name} ({spec.description}) needs a GPU and none is attached"
             if require_gpu:
@@ -93,6 +99,15 @@ def select_engines(
         else:
             runnable.append(name)
     return runnable, skipped
+
+
+def own_environment(
+    name: str, engines: Mapping[str, EngineSpec] = ENGINES
+) -> tuple[str, str] | None:
+    """(environment name, lock) where the workflow must build the engine's environment: it
+    has one and none of its builds is installed here; else None (it runs in this one)."""
+    spec = engines[name]
+    return spec.own_env if spec.own_env and installed_build(spec) is None else None
 
 
 CUDA_INSTALL = "FEATHER_LOCK=cuda bash install.sh"

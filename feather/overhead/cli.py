@@ -20,7 +20,9 @@ def _progress(message: str) -> None:
 def _cmd_env(args: argparse.Namespace) -> int:
     from feather.overhead.envs import build_env
 
-    status = build_env(args.name, Path(args.dest), progress=_progress)
+    status = build_env(args.name, Path(args.dest), progress=_progress,
+                       lock=Path(args.lock) if args.lock else None,
+                       install_feather=args.with_feather)
     record = {"name": status.name, "status": status.status, "path": str(status.path),
               "version": status.version, "trees": list(status.trees), "reason": status.reason}
     if args.status_out:
@@ -29,6 +31,17 @@ def _cmd_env(args: argparse.Namespace) -> int:
         print(f"feather: {args.name} is skipped: {status.reason}", file=sys.stderr)
         return 1 if args.require else 0
     print(status.python)
+    return 0
+
+
+def _cmd_env_ready(args: argparse.Namespace) -> int:
+    """Print a built environment's python; where it could not be built, say why, exit 1."""
+    record = json.loads(Path(args.status).read_text())
+    if record.get("status") != "ok":
+        print(f"feather: environment {record.get('name')} could not be built: "
+              f"{record.get('reason', '?')}".replace("\n", " | "), file=sys.stderr)
+        return 1
+    print(Path(record["path"]) / "bin" / "python")
     return 0
 
 
@@ -130,7 +143,14 @@ def register(commands: Any) -> None:
     env.add_argument("--dest", required=True, help="the venv's directory")
     env.add_argument("--status-out", help="also write the build's status record here")
     env.add_argument("--require", action="store_true", help="exit 1 if it cannot be built")
+    env.add_argument("--lock", help="build from this lock file instead of the name's own "
+                     "(e.g. requirements-sglang-cuda.lock: SGLang for a GPU)")
+    env.add_argument("--with-feather", action="store_true",
+                     help="also install feather there (SGLang's plugin: a real-engine env)")
     env.set_defaults(func=_cmd_env)
+    ready = sub.add_parser("env-ready", help="the python of a built environment, or why not")
+    ready.add_argument("status", help="its status record (`overhead env --status-out`)")
+    ready.set_defaults(func=_cmd_env_ready)
 
     run = sub.add_parser("run", help="time every implementation on the sweep's cases")
     run.add_argument("--spec", default="experiments/overhead.yaml")

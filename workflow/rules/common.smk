@@ -22,6 +22,7 @@ from feather.engines.selection import (
     EngineUnavailableError,
     cpu_install_on_gpus,
     installed_build,
+    own_environment,
     select_engines,
 )
 from feather.pipeline.workload_specs import builder_flags, slug_options
@@ -45,10 +46,14 @@ def _feather_command():
 
 
 FEATHER = _feather_command()
+# Rules that need this environment's engines and kernels (vLLM, torch, Triton: a lock installed
+# with --no-deps, which a conda environment file cannot express) name no conda environment and
+# run feather with this interpreter, under --sdm conda too.
+FEATHER_HERE = f"{shlex.quote(sys.executable)} -m feather"
 # What a job whose command fails for its machine runs instead of failing: it records the reason
 # in each output the job left unwritten (feather/pipeline/job_status.py), so the figures and
 # the verdicts page are still drawn; the last rule, jobs_check, still fails the run.
-JOB_STATUS = f"{FEATHER}.pipeline.job_status"
+JOB_STATUS = f"{FEATHER_HERE}.pipeline.job_status"
 # Job params, so a change to the code that made a result reruns it (see code_digest.py).
 RUN_CODE = run_code_digest()
 WORKLOAD_CODE = workload_code_digest()
@@ -128,9 +133,8 @@ def _available_data():
 def _machine_label(engine, gpus):
     """results/<label>/<engine>/...: "cpu" for a CPU build, else the first GPU's name."""
     build = installed_build(ENGINE_TABLE[engine])
-    if build is None or not build[1]:
-        return "cpu"
-    return gpu_label(gpus[0])
+    on_gpu = build[1] if build is not None else own_environment(engine) is not None
+    return gpu_label(gpus[0]) if on_gpu else "cpu"
 
 
 def _engines_here(gpus):
@@ -172,6 +176,19 @@ EXPERIMENTS = load_experiments(EXPERIMENTS_DIR,
 RUNS = {run.out_dir: run for exp in EXPERIMENTS.values() for run in exp.runs
         if run.engine in ENGINES_HERE}
 ENGINE_BATCHES = [b for exp in EXPERIMENTS.values() for b in exp.engine_batches]
+# Engines whose GPU build this environment lacks and the workflow installs in one of its own
+# (SGLang: its pins conflict with vLLM's): engine -> (environment name, lock file).
+OWN_ENVS = {b.engine: own_environment(b.engine) for b in ENGINE_BATCHES
+            if own_environment(b.engine) is not None}
+OWN_ENVS_DIR = Path((config.get("overhead") or {}).get("envs_dir", ".envs"))
+
+
+def engine_command(engine):
+    """How a job starts feather for `engine`: this environment's, or (shell) the python of the
+    engine's own environment, which says why where it could not be built."""
+    if engine not in OWN_ENVS:
+        return FEATHER_HERE
+    return f'PY=$({FEATHER_HERE} overhead env-ready results/engine-envs/{engine}.json) && "$PY" -m feather'
 # load= workloads: file -> (base workload file, summary.json of the FCFS capacity run)
 LOAD_WORKLOADS = {path: pair for exp in EXPERIMENTS.values()
                   for path, pair in exp.load_workloads.items()}

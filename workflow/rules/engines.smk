@@ -1,6 +1,31 @@
 # Real-engine jobs (experiments' `engine_runs`): one job per engine start, all schedulers and
 # repeats inside it. It takes every core so no other job disturbs the times it measures.
 
+rule engine_env:
+    """SGLang for a GPU in its own environment, from its lock, with feather as its plugin.
+    A failed build writes its reason in the record; the engine jobs then fail naming it."""
+    output:
+        "results/engine-envs/{engine}.json",
+    params:
+        feather=FEATHER,
+        name=lambda wc: OWN_ENVS[wc.engine][0],
+        lock=lambda wc: str(REPO / OWN_ENVS[wc.engine][1]),
+        digest=lambda wc: hashlib.sha256((REPO / OWN_ENVS[wc.engine][1]).read_bytes()).hexdigest(),
+        dest=lambda wc: str(OWN_ENVS_DIR / OWN_ENVS[wc.engine][0]),
+    wildcard_constraints:
+        engine="|".join(OWN_ENVS) or "no-own-env",
+    log:
+        "logs/engines/env_{engine}.log",
+    resources:
+        mem_mb=4000,
+        runtime=60,  # several GB of CUDA wheels to download once
+    conda:
+        "../envs/feather.yaml"
+    shell:
+        "{params.feather} overhead env --name {params.name} --lock {params.lock:q} --with-feather "
+        "--dest {params.dest:q} --status-out {output:q} > {log:q} 2>&1"
+
+
 for _batch in ENGINE_BATCHES:
 
     rule:
@@ -9,10 +34,11 @@ for _batch in ENGINE_BATCHES:
         input:
             _batch.workload_files(),
             _batch.inputs(),
+            [f"results/engine-envs/{_batch.engine}.json"] if _batch.engine in OWN_ENVS else [],
         output:
             [f"{d}/summary.json" for d in _batch.run_dirs()],
         params:
-            feather=FEATHER,
+            feather=engine_command(_batch.engine),
             code=RUN_CODE,
             # the job's whole specification (feather/engines/runs.py), built once at parse time
             spec=json.dumps(_batch.job_spec(config), sort_keys=True),
@@ -29,9 +55,7 @@ for _batch in ENGINE_BATCHES:
             mem_mb=_batch.mem_mb,
             runtime=_batch.runtime,
             **gpu_resources(_batch.gpus),
-        conda:
-            "../envs/feather.yaml"
         shell:
-            "{params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1 "
+            "({params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet) > {log:q} 2>&1 "
             "|| {params.job_status} --job {params.job} --claim {params.claim:q} --log {log:q} "
             "--exit-code $? {output:q}"

@@ -26,7 +26,7 @@ rule kernels_bench:
     wildcard_constraints:
         machine="cpu",
     params:
-        feather=FEATHER,
+        feather=FEATHER_HERE,
         code=source_digest(["kernels", "bench/kernels.py"]),
         device=lambda wc: "cpu" if wc.machine == "cpu" else "cuda",
         # a GPU measures the paper's shapes (--full) unless `kernel_bench: quick`
@@ -41,8 +41,6 @@ rule kernels_bench:
     resources:
         mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS, 0.9 minutes (2026-12-04)
         runtime=30,
-    conda:
-        "../envs/feather.yaml"
     shell:
         "{params.feather} bench kernels --device {params.device} {params.sweep} --out {output:q} "
         "> {log:q} 2>&1 || {params.job_status} --job {params.job} "
@@ -81,7 +79,7 @@ rule cpu_attn_bench:
     output:
         "results/cpu/kernels/cpu_attn.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_HERE,
         code=source_digest(["bench/cpu_attn.py"]),
         sweep="default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP,
     log:
@@ -90,7 +88,5 @@ rule cpu_attn_bench:
     resources:
         mem_mb=3000,  # default sweep: 1.6 GB peak RSS, 35 s on 2 cores
         runtime=10,
-    conda:
-        "../envs/feather.yaml"
     shell:
         "{params.feather} bench cpu-attn --sweep {params.sweep} --out {output:q} > {log:q} 2>&1"

@@ -32,7 +32,7 @@ for _job in ONLINE_JOBS:
             json=f"{_job.out_dir}/online.json",
             csv=f"{_job.out_dir}/online.csv",
         params:
-            feather=FEATHER,
+            feather=FEATHER_HERE,
             code=RUN_CODE,
             args=shlex.join(_job.cli_args()),
             out=lambda wc, output: str(Path(output.json).parent),
@@ -48,8 +48,6 @@ for _job in ONLINE_JOBS:
             mem_mb=6000 if _job.hardware == "cpu" else 32000,
             runtime=(60 if ONLINE_SWEEP == "full" else 20) * (1 if _job.hardware == "cpu" else 2),
             **gpu_resources(0 if _job.hardware == "cpu" else 1),
-        conda:
-            "../envs/feather.yaml"
         shell:
             "{params.feather} online {params.args} --out {params.out:q} > {log:q} 2>&1 "
             "|| {params.job_status} --job {params.job} --claim load --log {log:q} --exit-code $? "

@@ -49,7 +49,7 @@ rule overhead_bench:
         table=f"{OVERHEAD_DIR}/bench.parquet",
         record=f"{OVERHEAD_DIR}/bench.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_HERE,
         code=overhead_code_digest(),
         sweep=(OVERHEAD or {}).get("sweep", "default"),
         envs=lambda wc, input: " ".join(f"--env-status {shlex.quote(p)}" for p in input.envs),
@@ -60,8 +60,6 @@ rule overhead_bench:
         # measured here: default sweep 1.5 GB peak RSS, 8 minutes; full ~15 GB, 15 minutes
         mem_mb=16000 if (OVERHEAD or {}).get("sweep") == "full" else 4000,
         runtime=60 if (OVERHEAD or {}).get("sweep") == "full" else 30,
-    conda:
-        "../envs/feather.yaml"
     shell:
         "{params.feather} overhead run --spec {input.spec:q} --sweep {params.sweep} "
         "{params.envs} --out {output.table:q} > {log:q} 2>&1"
