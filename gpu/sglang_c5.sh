@@ -10,8 +10,9 @@
 # the Engine, its scheduler process and model runner have never run with it.
 #
 # What it does, all into OUT_DIR:
-#  1. a venv `.venv-sglang` with sglang 0.5.23 (it brings its own CUDA PyTorch) and feather
-#     installed editable, which registers the plugin's entry point (network needed once);
+#  1. a venv `.venv-sglang` from requirements-sglang-cuda.lock (sglang 0.5.23, its own CUDA
+#     PyTorch) and feather installed editable, which registers the plugin's entry point
+#     (network needed once; the workflow's own SGLang jobs build the same in .envs/);
 #  2. a small L-Eval workload (8 documents x 6 questions, 1K-4K-token prefixes, interleaved,
 #     64 output tokens), from LEVAL_DIR (hub layout) or downloaded from the hub;
 #  3. `feather run --engine sglang` on llama-3.1-8b (dummy weights, config.json only) for
@@ -37,8 +38,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 
 if [ ! -x "$VENV/bin/feather" ]; then
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install "sglang==0.5.23"
-  "$VENV/bin/pip" install -e .    # feather and its entry point; torch stays SGLang's build
+  # SGLang 0.5.23 for a GPU with every pin (its own torch 2.14.1 among them), then feather and
+  # its entry point, without resolving: the lock is complete (--retries 1: see install.sh)
+  "$VENV/bin/pip" install --retries 1 --no-deps -r requirements-sglang-cuda.lock
+  "$VENV/bin/pip" install --no-deps -e .
 fi
 "$VENV/bin/python" -P - <<'PY'
 import importlib.metadata as m

