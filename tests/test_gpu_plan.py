@@ -9,6 +9,7 @@ same box with the CPU install must stop at parse time naming the CUDA lock's com
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -139,3 +140,26 @@ def test_a_gpu_box_with_the_cpu_install_is_told_at_parse_time(tmp_path) -> None:
     cpu_only = plan(tmp_path / "work", None, "ignore_gpus=True")
     assert cpu_only.returncode == 0, cpu_only.stderr[-3000:]
     assert "engine_vllm_c1_c1_cpu" in cpu_only.stdout
+
+
+def test_an_engine_job_names_why_its_own_environment_could_not_be_built(tmp_path) -> None:
+    """What an SGLang job on a GPU box runs first (`overhead env-ready`): the environment's
+    python where it was built, else the build's reason and exit 1 (the job then fails with
+    that reason on the verdicts page)."""
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"name": "sglang-0.5.23-cuda", "status": "ok",
+                              "path": str(tmp_path / "env")}))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "sglang-0.5.23-cuda", "status": "skipped",
+                               "reason": "pip install failed:\nNo space left on device"}))
+
+    def ready(status: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "feather", "overhead", "env-ready",
+                               str(status)], capture_output=True, text=True, check=False)
+
+    done = ready(ok)
+    assert done.returncode == 0 and done.stdout.strip() == str(tmp_path / "env/bin/python")
+    refused = ready(bad)
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        "feather: environment sglang-0.5.23-cuda could not be built: pip install failed: | "
+        "No space left on device")
