@@ -22,7 +22,7 @@ def _cmd_env(args: argparse.Namespace) -> int:
 
     status = build_env(args.name, Path(args.dest), progress=_progress,
                        lock=Path(args.lock) if args.lock else None,
-                       install_feather=args.with_feather)
+                       install_feather=args.with_feather, engine=args.engine_env)
     record = {"name": status.name, "status": status.status, "path": str(status.path),
               "version": status.version, "trees": list(status.trees), "reason": status.reason}
     if args.status_out:
@@ -146,7 +146,10 @@ def register(commands: Any) -> None:
     env.add_argument("--lock", help="build from this lock file instead of the name's own "
                      "(e.g. requirements-sglang-cuda.lock: SGLang for a GPU)")
     env.add_argument("--with-feather", action="store_true",
-                     help="also install feather there (SGLang's plugin: a real-engine env)")
+                     help="also install feather there (SGLang's plugin)")
+    env.add_argument("--engine-env", action="store_true",
+                     help="an engine's GPU environment: feather installed, checked by importing "
+                     "SGLang and starting `feather run` (not by its scheduling code on this CPU)")
     env.set_defaults(func=_cmd_env)
     ready = sub.add_parser("env-ready", help="the python of a built environment, or why not")
     ready.add_argument("status", help="its status record (`overhead env --status-out`)")

@@ -65,6 +65,15 @@ print(json.dumps({"version": api.version, "trees": api.trees}))
 """
 
 
+# An engine's GPU environment (SGLang's server, `engine=True`) is checked without a GPU: SGLang
+# imports with its CUDA packages, then (once feather is installed) `feather run` starts.
+_ENGINE_SELF_TEST = """
+import json
+import sglang
+print(json.dumps({"version": sglang.__version__, "trees": []}))
+"""
+
+
 def known_envs() -> list[str]:
     return sorted(p.stem for p in LOCKS.glob("*.txt"))
 
@@ -242,11 +251,15 @@ def build_env(
     lock: Path | None = None,
     progress: Callable[[str], None] = lambda message: None,
     install_feather: bool = False,
+    engine: bool = False,
 ) -> EnvStatus:
     """Build (or reuse) environment `name` at `dest`; never raises for a failed build.
-    `install_feather`: also install our package there (see `install_feather_into`)."""
-    status = _build_env(name, dest, lock=lock, progress=progress)
-    if not (install_feather and status.ok):
+    `install_feather`: also install our package there (see `install_feather_into`).
+    `engine`: an engine's GPU environment (feather installed too), checked by importing
+    SGLang and starting `feather run`, not by running its scheduling code on this CPU."""
+    self_test = _ENGINE_SELF_TEST if engine else _SELF_TEST
+    status = _build_env(name, dest, lock=lock, progress=progress, self_test=self_test)
+    if not ((install_feather or engine) and status.ok):
         return status
     try:
         dist_info = install_feather_into(status.path)
@@ -254,6 +267,12 @@ def build_env(
         return EnvStatus(name, "skipped", status.path,
                          reason=f"could not install feather into it: {exc}")
     progress(f"{name}: feather installed ({dist_info.name})")
+    if engine:
+        log = status.path / "build.log"
+        check = _run([str(status.python), "-m", "feather", "run", "--help"], log)
+        if check.returncode != 0:
+            return _skipped(name, status.path, _sha256(lock or lock_file(name)),
+                            f"`feather run` does not start there:\n{_tail(log)}")
     return status
 
 
@@ -263,6 +282,7 @@ def _build_env(
     *,
     lock: Path | None,
     progress: Callable[[str], None],
+    self_test: str = _SELF_TEST,
 ) -> EnvStatus:
     lock = lock if lock is not None else lock_file(name)
     dest = Path(dest).absolute()
@@ -299,7 +319,7 @@ def _build_env(
             return _skipped(name, dest, digest, f"pip install failed:\n{_tail(log)}")
         with tempfile.TemporaryDirectory(prefix="feather-pkg-") as link_dir:
             env = {"PYTHONPATH": str(package_path_for(Path(link_dir))), "PATH": "/usr/bin:/bin"}
-            check = _run([python, "-c", _SELF_TEST], log, env=env)
+            check = _run([python, "-c", self_test], log, env=env)
         if check.returncode != 0:
             return _skipped(name, dest, digest, f"SGLang's classes do not work:\n{_tail(log)}")
         facts = json.loads(log.read_text().strip().splitlines()[-1])

@@ -22,7 +22,7 @@ rule engine_env:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} overhead env --name {params.name} --lock {params.lock:q} --with-feather "
+        "{params.feather} overhead env --name {params.name} --lock {params.lock:q} --engine-env "
         "--dest {params.dest:q} --status-out {output:q} > {log:q} 2>&1"
 
 
