@@ -86,3 +86,15 @@ def test_a_failure_record_names_the_job_reason_and_log(tmp_path: Path) -> None:
     assert record["claim"] == "C1" and record["log"] == str(log) and record["exit_code"] == 1
     assert [f["job"] for f in failures([done, *missing])] == ["engine_x"]  # one per job
     assert reason_from_log(tmp_path / "absent.log") == "no log was written"
+
+
+def test_the_online_figure_names_the_jobs_that_failed_when_none_finished(tmp_path: Path) -> None:
+    from feather.pipeline.online_figure import draw_online
+
+    log = tmp_path / "online.log"
+    log.write_text("RuntimeError: Failed to infer device type\n")
+    out = tmp_path / "results" / "online.json"
+    record_failure([out], "online_leval_online", "load", log, 1)
+    figure = tmp_path / "online_latency.png"
+    draw_online([out], figure)
+    assert figure.stat().st_size > 10_000

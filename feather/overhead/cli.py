@@ -38,8 +38,12 @@ def _cmd_env_ready(args: argparse.Namespace) -> int:
     """Print a built environment's python; where it could not be built, say why, exit 1."""
     record = json.loads(Path(args.status).read_text())
     if record.get("status") != "ok":
-        print(f"feather: environment {record.get('name')} could not be built: "
-              f"{record.get('reason', '?')}".replace("\n", " | "), file=sys.stderr)
+        lines = [line.strip() for line in str(record.get("reason", "?")).splitlines()]
+        # pip's own error where there is one (not its progress bars), else the reason's head
+        errors = [line for line in lines if line.startswith("ERROR:")]
+        why = " | ".join(errors[:2] if errors else [line for line in lines if line][:2])
+        print(f"feather: environment {record.get('name')} could not be built: {why}",
+              file=sys.stderr)
         return 1
     print(Path(record["path"]) / "bin" / "python")
     return 0

@@ -553,6 +553,9 @@ def vllm_real_vs_sim(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> No
     the quantity the claims are about (the ratio), not in absolute tokens/s."""
     data = table[table.experiment == "vllm"].copy()
     data["source"] = data["produced_by"]
+    if "attention" in data:  # the simulator's runs have none (NaN): vLLM's own kernel's place
+        data["attention"] = data["attention"].astype(object).where(data["attention"].notna(),
+                                                                  "vllm")
     # each run against FCFS on its own workload and attention backend (a full sweep has more
     # than one workload per source)
     keys = ["source"] + [c for c in ("workload", "attention") if c in data]

@@ -74,6 +74,9 @@ def draw_online(paths: Iterable[str | Path], out: str | Path) -> None:
 
     paths = list(paths)
     data = load_rows(paths)
+    if data.empty:  # every online job failed on this machine: the figure says which, and why
+        _draw_failed(paths, Path(out))
+        return
     datasets = list(dict.fromkeys(data.dataset))
     fig, axes = plt.subplots(len(datasets), 3, figsize=(15.5, 3.9 * len(datasets)), squeeze=False)
     for row_axes, dataset in zip(axes, datasets, strict=True):
@@ -168,3 +171,20 @@ def online_verdict(paths: Iterable[str | Path]) -> tuple[str, str, str]:
     )
     ours = f"worst TTFT p99 / FCFS below saturation {ratio:.2f}x ({where}; {len(worst)} rates)"
     return ours, verdict, "at saturation: " + ("; ".join(saturated) or "n/a")
+
+
+def _draw_failed(paths: list[str | Path], out: Path) -> None:
+    """A figure with no data: each online job that failed, its reason and log."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    from feather.pipeline.figures import _save
+    from feather.pipeline.job_status import describe, failures
+
+    lines = [textwrap.fill(describe(f), 110) for f in failures(paths)] or ["no online runs"]
+    fig, ax = plt.subplots(figsize=(12.0, 1.2 + 0.6 * len("\n".join(lines).splitlines())))
+    ax.axis("off")
+    ax.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=9, family="monospace")
+    fig.suptitle("Online serving on real vLLM: not measured here (the jobs failed)")
+    _save(fig, out, "No online job finished on this machine; figures/verdicts.md lists them.")
