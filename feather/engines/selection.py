@@ -110,6 +110,18 @@ def own_environment(
     return spec.own_env if spec.own_env and installed_build(spec) is None else None
 
 
+def host_label(
+    name: str, gpus: Sequence[str], engines: Mapping[str, EngineSpec] = ENGINES
+) -> str:
+    """results/<label>/<engine>/...: "cpu" where the engine's build here is a CPU one, else
+    the first GPU's label (a GPU build, or one the workflow installs in its own env)."""
+    from feather.engines.gpu import gpu_label
+
+    build = installed_build(engines[name])
+    on_gpu = build[1] if build is not None else own_environment(name, engines) is not None
+    return gpu_label(gpus[0]) if on_gpu and gpus else "cpu"
+
+
 CUDA_INSTALL = "FEATHER_LOCK=cuda bash install.sh"
 
 

@@ -113,11 +113,17 @@ def run_label(run_dir: Path) -> str | None:
         raise InvalidRunError(f"{spec}: {exc}") from None
 
 
-def summary_row(path: Path) -> dict[str, Any]:
+def summary_row(path: Path) -> dict[str, Any] | None:
+    """The table's row for one run; None for a failed job's record (no run: the verdicts
+    page names it, feather/pipeline/job_status.py)."""
+    from feather.pipeline.job_status import FAILED
+
     try:
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidRunError(f"{path}: unreadable summary ({exc})") from exc
+    if summary.get("status") == FAILED:
+        return None
     missing = [k for k in REQUIRED_METRICS if k not in summary]
     provenance = summary.get("provenance")
     if not isinstance(provenance, dict):
@@ -205,9 +211,7 @@ def aggregate(
     """Validate every summary, then write both tables (atomically). A simulated run's
     scheduler is the label its spec.json gives (the experiment file's name for it). A failed
     job's record (feather/pipeline/job_status.py) is no run: the verdicts page names it."""
-    from feather.pipeline.job_status import failed
-
-    rows = [summary_row(Path(p)) for p in paths if not failed(p)]
+    rows = [row for p in paths if (row := summary_row(Path(p))) is not None]
     for row in rows:
         label = run_label(Path(row["summary_path"]).parent)
         if label:

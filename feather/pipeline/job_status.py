@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from feather.atomic import write_text_atomic
+from feather.atomic import write_json_atomic, write_text_atomic
 
 FAILED = "failed"
 REASON_CHARS = 300
@@ -97,8 +97,6 @@ class FailedJobsError(RuntimeError):
 def check_jobs(outputs: Iterable[str | Path], out: str | Path) -> None:
     """Write `out` (the guarded jobs, all fine) or, where any failed, remove their records
     (so the next run retries them) and raise naming each job, its reason and its log."""
-    from feather.atomic import write_json_atomic
-
     outputs = [Path(p) for p in outputs]
     records = [(path, failure(path)) for path in outputs]
     failed_jobs = failures(p for p, r in records if r is not None)

@@ -21,7 +21,7 @@ from feather.engines.selection import ENGINES as ENGINE_TABLE
 from feather.engines.selection import (
     EngineUnavailableError,
     cpu_install_on_gpus,
-    installed_build,
+    host_label,
     own_environment,
     select_engines,
 )
@@ -130,13 +130,6 @@ def _available_data():
     return available
 
 
-def _machine_label(engine, gpus):
-    """results/<label>/<engine>/...: "cpu" for a CPU build, else the first GPU's name."""
-    build = installed_build(ENGINE_TABLE[engine])
-    on_gpu = build[1] if build is not None else own_environment(engine) is not None
-    return gpu_label(gpus[0]) if on_gpu else "cpu"
-
-
 def _engines_here(gpus):
     """The configured engines that run on this machine, and the machine's label for each."""
     try:
@@ -146,7 +139,7 @@ def _engines_here(gpus):
     for reason in skipped:
         not_planned(f"{reason}: its runs are skipped (set require_gpu: true to make this an error)")
     note(f"GPUs: {', '.join(gpus) or 'none'}; engines that run here: {', '.join(runnable) or 'none'}")
-    return {e: _machine_label(e, gpus) for e in runnable if ENGINE_TABLE[e].builds}, runnable
+    return {e: host_label(e, gpus) for e in runnable if ENGINE_TABLE[e].builds}, runnable
 
 
 _check_config()

