@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from pathlib import Path
 
-from feather.pipeline.code_digest import run_code_digest, source_digest
+import feather
+from feather.pipeline.code_digest import PACKAGE, run_code_digest, source_digest
 
 
 def package(tmp: Path) -> Path:
@@ -42,5 +45,37 @@ def test_a_moved_file_changes_the_digest(tmp_path) -> None:
     assert source_digest(["sim"], root=root) != before
 
 
-def test_the_installed_package_has_a_digest() -> None:
-    assert len(run_code_digest()) == 16
+def recomputed_run_digest(root: Path) -> str:
+    """The run digest computed here, independently: SHA-256 over each .py and .json file's
+    path relative to the package and its bytes, in path order, outside pipeline/, overhead/
+    and __pycache__."""
+    files = sorted(
+        (path.relative_to(root).as_posix(), path)
+        for path in root.rglob("*")
+        if path.is_file()
+        and path.suffix in (".py", ".json")
+        and "__pycache__" not in path.parts
+        and path.relative_to(root).parts[0] not in ("pipeline", "overhead")
+    )
+    digest = hashlib.sha256()
+    for name, path in files:
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def test_the_installed_package_digest_is_the_digest_of_its_code(tmp_path) -> None:
+    root = Path(feather.__file__).resolve().parent
+    assert root == PACKAGE  # the digest reads the package that is imported
+    digest = run_code_digest()
+    assert digest == recomputed_run_digest(root)
+    assert (root / "sim" / "engine.py").is_file() and (root / "pipeline").is_dir()
+
+    copy = Path(shutil.copytree(root, tmp_path / "feather", ignore=shutil.ignore_patterns(
+        "__pycache__")))  # fmt: skip
+    assert run_code_digest(copy) == digest  # the files, not their location, make the digest
+    (copy / "pipeline" / "figures.py").write_text("# figures only\n")
+    assert run_code_digest(copy) == digest  # figure code reruns no simulation
+    engine = copy / "sim" / "engine.py"
+    engine.write_bytes(engine.read_bytes() + b"\n")
+    assert run_code_digest(copy) not in (digest, recomputed_run_digest(root))
+    assert run_code_digest(copy) == recomputed_run_digest(copy)
