@@ -202,18 +202,71 @@ def test_summary_table_reads_hardware_and_telemetry_from_provenance(frozen_run, 
     assert sim.git_revision == summary["provenance"]["git"]["revision"]
 
 
+# Run in a fresh interpreter: an import hook refuses every module outside the standard
+# library and feather, and the process reports what importing and calling provenance loaded.
+# With `inject`, feather/provenance.py's source is loaded with that line added after its
+# imports (the control: the hook must catch a provenance that imports a third-party module).
+_BARE_BOX = """
+import importlib.util, json, sys
+STDLIB = sys.stdlib_module_names
+refused = []
+
+class ThirdPartyBlocked:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in STDLIB or name.partition(".")[0] == "feather":
+            return None
+        refused.append(name)
+        raise ModuleNotFoundError(f"third-party module {name!r} is blocked", name=name)
+
+before = set(sys.modules)
+sys.meta_path.insert(0, ThirdPartyBlocked())
+inject = sys.argv[1]
+if inject:
+    import feather
+    spec = importlib.util.find_spec("feather.provenance")
+    line = "import feather\\n"
+    source = open(spec.origin).read().replace(line, line + inject + "\\n", 1)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    exec(compile(source, spec.origin, "exec"), module.__dict__)
+from feather.provenance import collect_provenance
+record = collect_provenance(config={"a": 1})
+loaded = sorted(set(sys.modules) - before)
+print(json.dumps({"loaded": loaded, "refused": refused, "nvml": record["gpus"]["nvml"],
+                  "config_hash": record["config_hash"]}))
+"""
+
+
+def _on_a_bare_box(inject: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _BARE_BOX, inject], capture_output=True, text=True, check=False
+    )
+
+
 def test_provenance_needs_only_the_standard_library_and_the_package() -> None:
     """gpu/ scripts call it on bare GPU boxes, which may have no pyarrow, numpy or pandas."""
-    code = (
-        "import sys\n"
-        "for name in ('pyarrow', 'numpy', 'pandas'):\n"
-        "    sys.modules[name] = None\n"
-        "from feather.provenance import collect_provenance\n"
-        "record = collect_provenance(config={'a': 1})\n"
-        "assert record['gpus']['nvml']['available'] or record['gpus']['nvml']['reason']\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = _on_a_bare_box()
     assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    outside = {m for m in report["loaded"] if m.partition(".")[0] not in sys.stdlib_module_names}
+    # the import graph: provenance reaches atomic writes and telemetry, nothing heavier
+    assert {"feather.provenance", "feather.telemetry.devices"} <= outside
+    assert all(
+        m in ("feather", "feather.atomic", "feather.provenance")
+        or m.startswith("feather.telemetry")
+        for m in outside
+    ), sorted(outside)
+    # the only other modules it asked for: NVML's bindings (optional: refused, the record
+    # says why instead of failing) and the standard library's own Jython probe (copy.py)
+    assert set(report["refused"]) <= {"pynvml", "org"}, report["refused"]
+    assert "pynvml" in report["refused"]
+    assert report["nvml"]["available"] is False and "pynvml" in report["nvml"]["reason"]
+    assert report["config_hash"] == collect_provenance(config={"a": 1})["config_hash"]
+
+    # the control: the same check catches a provenance module that imports pandas
+    broken = _on_a_bare_box("import pandas")
+    assert broken.returncode != 0
+    assert "ModuleNotFoundError: third-party module 'pandas' is blocked" in broken.stderr
 
 
 def test_a_run_of_a_workload_file_records_the_file_hash(tmp_path) -> None:
