@@ -16,6 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from feather.policies.dfs_weight import DFSWeightPolicy
+from feather.policies.fcfs import FCFSPolicy
+from feather.policies.fixed_batches import FixedBatchesPolicy
+from feather.policies.lpm import LPMPolicy
+from feather.policies.static_rules import FeatherStaticPolicy
 from feather.sim import sched_fit
 from feather.sim.linear_fit import nnls
 from feather.sim.run import SimulationSpec, simulate
@@ -91,17 +96,17 @@ def test_each_policy_pays_the_engine_lookups_and_its_own_pass_only_when_it_runs(
     step = StepWork(candidates=3, waiting=100, waiting_tokens=10**5, decisions=4, arrivals=2,
                     policy_pass=True)
     idle = StepWork(candidates=0, waiting=100, policy_pass=False, arrivals=2)
-    assert model("fcfs", step) == 3 * base
-    assert model("lpm", step) == 3 * base + 1000.0
-    assert model("lpm", StepWork(candidates=1, waiting=129, policy_pass=True)) == base + 7.0
-    assert model("dfs-weight", step) == 3 * base + 100.0
-    assert model("feather-static", step) == 3 * base + 40.0 + 200.0
+    assert model(FCFSPolicy, step) == 3 * base
+    assert model(LPMPolicy, step) == 3 * base + 1000.0
+    assert model(LPMPolicy, StepWork(candidates=1, waiting=129, policy_pass=True)) == base + 7.0
+    assert model(DFSWeightPolicy, step) == 3 * base + 100.0
+    assert model(FeatherStaticPolicy, step) == 3 * base + 40.0 + 200.0
     # the batch or running limit is full: no calc_priority, no lookups, only arrivals
-    assert model("lpm", idle) == model("dfs-weight", idle) == model("fcfs", idle) == 0.0
-    assert model("feather-static", idle) == 200.0
+    assert model(LPMPolicy, idle) == model(DFSWeightPolicy, idle) == model(FCFSPolicy, idle) == 0.0
+    assert model(FeatherStaticPolicy, idle) == 200.0
     # nothing waits: no pass even when the engine asked
-    assert model("dfs-weight", StepWork(waiting=0, policy_pass=True)) == 0.0
-    assert model("batches", step) == 3 * base and model.uncalibrated == {"batches"}
+    assert model(DFSWeightPolicy, StepWork(waiting=0, policy_pass=True)) == 0.0
+    assert model(FixedBatchesPolicy, step) == 3 * base and model.uncalibrated == {"batches"}
 
 
 @pytest.mark.parametrize("mode,arrival", [("vllm", 5.0), ("sglang", 100.0)])
@@ -112,8 +117,8 @@ def test_inside_vllm_feather_inserts_vllms_own_hashes(mode, arrival) -> None:
     data["components"]["feather:arrival-hashes"] = {
         "form": "arrival", "coefficients": dict(zip(FORMS["arrival"], (5.0, 0.0), strict=True))}
     model = MeasuredCostModel("sglang-0.5.10", data, mode, block_size=16)
-    assert model("feather-static", StepWork(arrivals=2)) == 2 * arrival
-    assert model("fcfs", StepWork(arrivals=2)) == 0.0
+    assert model(FeatherStaticPolicy, StepWork(arrivals=2)) == 2 * arrival
+    assert model(FCFSPolicy, StepWork(arrivals=2)) == 0.0
 
 
 def test_unknown_cost_model_names_fail_clearly() -> None:
@@ -201,7 +206,7 @@ def test_the_named_models_differ_as_the_bench_measured(committed, bench_rows) ->
     measured = {sched_fit.release_of(r): r.batch_s for _, r in point.iterrows()}
     work = StepWork(waiting=1000, waiting_tokens=1000 * (16384 + 64), tree_nodes=8,
                     policy_pass=True)
-    modelled = {r: MeasuredCostModel(r, committed, "vllm", 16)("dfs-weight", work)
+    modelled = {r: MeasuredCostModel(r, committed, "vllm", 16)(DFSWeightPolicy, work)
                 for r in RELEASES}
     order = ["sglang-0.5.10", "sglang-0.5.23-python", "sglang-0.5.23-rust"]
     assert sorted(measured, key=measured.get, reverse=True) == order

@@ -25,7 +25,7 @@ class Recorder:
         self.works: list[StepWork] = []
         self.price = price
 
-    def __call__(self, policy: str, work: StepWork) -> float:
+    def __call__(self, policy: type, work: StepWork) -> float:
         self.works.append(work)
         return self.price
 

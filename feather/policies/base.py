@@ -19,6 +19,11 @@ Between steps the engine reports arrivals (`add_request`), preemptions (`preempt
 completions (`finished`). The policy keeps its own view of waiting and running requests from
 these events, so a step costs what the policy's data structure costs, never a pass over the
 whole queue; `begin_step` checks that view against the engine's running count.
+
+Before the first arrival every engine calls `bind_workload` with the requests about to come
+(a no-op unless the policy plans over them, `plans_over_workload`). What a policy's scheduling
+costs in simulated time comes from the kind of work its class declares (`sched_cost_kind`),
+never from its name.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from feather.workloads.schema import WorkloadRequest
 
 RequestId = Hashable
 
@@ -146,6 +154,51 @@ class PolicyError(RuntimeError):
     """An engine broke the admission protocol (unknown id, wrong state, count mismatch)."""
 
 
+class SchedCostKind(enum.StrEnum):
+    """The kind of work a policy's scheduling does in a real engine: what the simulator charges
+    for it (feather/sim/sched_measured.py, sched_cost.py). A class declares its kind, so a
+    new scheduler is priced by what it does, not by what it is called."""
+
+    FIFO = "fifo"  # arrival order: nothing beyond the engine's own prefix lookups
+    # SGLang's calc_priority for `lpm`: each pass matches every waiting request against the
+    # radix tree and sorts (an FCFS pass when more than 128 wait)
+    RADIX_LPM = "radix-lpm"
+    # SGLang's calc_priority for `dfs-weight`: each pass matches every waiting request, then
+    # weighs the tree's subtrees depth-first
+    RADIX_DFS_WEIGHT = "radix-dfs-weight"
+    # Feather: an ADD/STOP decision per candidate on the Chunked Hash Tree and an insertion
+    # into it per arriving request
+    CHT = "cht"
+    # a plan fixed before the run (`batches`): no real engine runs it, so nothing of it was
+    # measured; priced as the engine's lookups alone and named in the run's summary
+    PLAN = "plan"
+
+
+class SchedCostKindError(TypeError):
+    """A policy class that declares no `sched_cost_kind`, where scheduling time is priced."""
+
+
+def declared_cost_kind(cls: type[AdmissionPolicy]) -> SchedCostKind:
+    """The scheduling-cost kind `cls` declares (its own or inherited); an error naming the
+    class, and how to declare one, where it declares none."""
+    kind = getattr(cls, "sched_cost_kind", None)
+    if isinstance(kind, SchedCostKind):
+        return kind
+    kinds = ", ".join(f"SchedCostKind.{k.name} ({k.value})" for k in SchedCostKind)
+    raise SchedCostKindError(
+        f"scheduler class {cls.__module__}.{cls.__qualname__} declares no scheduling-cost "
+        f"kind (got {kind!r}): the simulator prices scheduling by the work a policy does, "
+        "not by its name. Declare it on the class, e.g. "
+        "`sched_cost_kind = SchedCostKind.FIFO` (from feather.policies.base import "
+        f"SchedCostKind); kinds: {kinds}"
+    )
+
+
+def policy_label(cls: type[AdmissionPolicy]) -> str:
+    """How a cost model names a policy class it priced without a measurement of its own."""
+    return cls.name or f"{cls.__module__}:{cls.__qualname__}"
+
+
 class _State(enum.Enum):
     WAITING = 1
     RUNNING = 2
@@ -155,10 +208,16 @@ class AdmissionPolicy(ABC):
     """Base class of every batch-formation policy: bookkeeping and limits live here.
 
     Subclasses implement `_on_arrival`, `_on_admit`, `_on_leave_running`, `_on_drop_waiting`
-    for their data structure and `_choose` to pick the next candidate (or None = STOP).
+    for their data structure and `_choose` to pick the next candidate (or None = STOP), and
+    declare `sched_cost_kind`: the work their scheduling does, which the simulator prices
+    (`SchedCostKind`; left None, a simulation that prices scheduling refuses the class).
     """
 
     name: ClassVar[str] = ""
+    sched_cost_kind: ClassVar[SchedCostKind | None] = None
+    # True: the policy plans over the whole workload before it runs (`bind_workload`) and
+    # must be told the engine's id of each planned request (`alias`)
+    plans_over_workload: ClassVar[bool] = False
 
     def __init__(self, *, seed: int = 0) -> None:
         self.seed = seed
@@ -263,6 +322,21 @@ class AdmissionPolicy(ABC):
 
     def report_step(self, outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
         """The step ran; learning policies turn its throughput into reward."""
+
+    # ---- optional hooks: every engine calls them; the defaults do nothing ----------------------
+    def bind_workload(self, requests: Sequence[WorkloadRequest]) -> None:  # noqa: B027
+        """The requests about to arrive, in order, before the first: a policy that plans over
+        the workload (`plans_over_workload`) builds its plan here; the others ignore them."""
+
+    def alias(self, plan_id: RequestId, engine_id: RequestId) -> None:  # noqa: B027
+        """The request planned as `plan_id` reaches the policy as `engine_id` (an engine that
+        names requests itself: vLLM); called only for a policy that `plans_over_workload`."""
+
+    @property
+    def tree_nodes(self) -> int:
+        """Nodes of the policy's prefix tree (0: it keeps none), a term of what a pass over
+        the tree costs (feather/sim/sched_measured.py)."""
+        return 0
 
     # ---- views ------------------------------------------------------------------------------
     @property

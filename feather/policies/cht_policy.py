@@ -62,6 +62,7 @@ from feather.policies.base import (
     Decision,
     Request,
     RequestId,
+    SchedCostKind,
 )
 
 CONSULT = ("kernel", "every", "group", "always", "never")
@@ -122,6 +123,8 @@ class FeatherPolicy(AdmissionPolicy):
             running group still come, and the starvation guard still admits the oldest after
             `max_bypass` admissions).
     """
+
+    sched_cost_kind = SchedCostKind.CHT
 
     def __init__(
         self,

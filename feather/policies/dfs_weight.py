@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from feather.policies._prefix_cache import CacheAwarePolicy
-from feather.policies.base import RequestId
+from feather.policies.base import RequestId, SchedCostKind
 from feather.radix import RadixNode
 
 
@@ -68,6 +68,7 @@ class DFSWeightPolicy(CacheAwarePolicy):
     """
 
     name = "dfs-weight"
+    sched_cost_kind = SchedCostKind.RADIX_DFS_WEIGHT
 
     def _sort_waiting_queue(self, queue: list[RequestId]) -> list[RequestId]:
         last_nodes = [self._match(r)[1] for r in queue]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from feather.arrival import ArrivalQueue
-from feather.policies.base import AdmissionPolicy, Request, RequestId
+from feather.policies.base import AdmissionPolicy, Request, RequestId, SchedCostKind
 
 
 class FCFSPolicy(AdmissionPolicy):
@@ -14,6 +14,7 @@ class FCFSPolicy(AdmissionPolicy):
     """
 
     name = "fcfs"
+    sched_cost_kind = SchedCostKind.FIFO
 
     def __init__(self, *, seed: int = 0) -> None:
         super().__init__(seed=seed)

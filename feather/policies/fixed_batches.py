@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from feather.arrival import ArrivalQueue
-from feather.policies.base import AdmissionPolicy, Request, RequestId
+from feather.policies.base import AdmissionPolicy, Request, RequestId, SchedCostKind
 from feather.workloads.schema import WorkloadRequest
 
 PLANS = ("homogeneous", "mixed", "sorted")
@@ -54,6 +54,8 @@ class FixedBatchesPolicy(AdmissionPolicy):
     """Admit a fixed plan of batches, one batch at a time, draining each before the next."""
 
     name = "batches"
+    sched_cost_kind = SchedCostKind.PLAN
+    plans_over_workload = True
 
     def __init__(
         self,

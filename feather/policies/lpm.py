@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from feather.policies._prefix_cache import CacheAwarePolicy
-from feather.policies.base import RequestId
+from feather.policies.base import RequestId, SchedCostKind
 from feather.radix import RadixTree
 
 
@@ -41,6 +41,7 @@ class LPMPolicy(CacheAwarePolicy):
     """
 
     name = "lpm"
+    sched_cost_kind = SchedCostKind.RADIX_LPM
 
     def __init__(
         self,

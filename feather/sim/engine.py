@@ -180,7 +180,8 @@ class EngineResult:
 
 
 CostFn = Callable[[BatchStep], Any]  # returns an object with .time_s
-SchedCostFn = Callable[[str, StepWork], float]  # policy name, work -> seconds
+# the policy's class (priced by the kind it declares, never by its name), work -> seconds
+SchedCostFn = Callable[[type[AdmissionPolicy], StepWork], float]
 
 
 class Engine:
@@ -440,12 +441,12 @@ class Engine:
             decisions=self._decisions,
             candidate_tokens=self._candidate_tokens,
             candidate_hit_tokens=self._candidate_hits,
-            tree_nodes=getattr(self.policy, "tree_nodes", 0),
+            tree_nodes=self.policy.tree_nodes,
         )
         self._arrivals = self._arrival_tokens = 0
         self.policy_pass = False
         self._decisions = self._candidate_tokens = self._candidate_hits = 0
-        sched_model = self.sched_cost_fn(self.policy.name, work)
+        sched_model = self.sched_cost_fn(type(self.policy), work)
         if cfg.overlap_scheduling:  # the next batch is formed while this one runs
             self.clock += max(0.0, sched_model - cost.time_s)
         else:  # vLLM V1's default path, SGLang's event_loop_normal: schedule, then run

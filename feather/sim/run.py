@@ -136,8 +136,7 @@ def make_policy(spec: SimulationSpec, workload: Workload, num_blocks: int):
         policy = create_engine_policy(
             spec.scheduler, spec.scheduler_params, block_size=spec.block_size, seed=spec.seed
         )
-    if hasattr(policy, "bind_workload"):
-        policy.bind_workload(workload.requests)
+    policy.bind_workload(workload.requests)
     return policy
 
 
@@ -179,7 +178,7 @@ def simulate(
     )
     if policy is None:
         policy = make_policy(spec, workload, num_blocks)
-    elif hasattr(policy, "bind_workload"):
+    else:
         policy.bind_workload(workload.requests)
     engine = Engine(
         workload.requests,

@@ -13,7 +13,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from feather.atomic import write_json_atomic
-from feather.policies import create_scheduler
+from feather.policies import create_scheduler, resolve_scheduler
+from feather.policies.base import declared_cost_kind
+from feather.policies.registry import scheduler_parameters
 from feather.provenance import collect_provenance
 from feather.sim.engine import Engine, EngineConfig
 from feather.sim.sched_cost import DATA, fit
@@ -37,16 +39,14 @@ def calibrate(policies: list[str] | None = None, out: Path = DATA) -> dict[str, 
     ]
     coefficients, quality = {}, {}
     for name in names:
+        cls = resolve_scheduler(name)
+        # chunk-based policies on the engine's 16-token blocks (EngineConfig's default)
+        params = {"chunk_size": 16} if "chunk_size" in scheduler_parameters(cls) else {}
         rows = []
         for spec in specs:
             workload = load_workload(spec)
-            policy = (
-                create_scheduler(name, chunk_size=16)
-                if name.startswith("feather")
-                else create_scheduler(name)
-            )
-            if hasattr(policy, "bind_workload"):
-                policy.bind_workload(workload.requests)
+            policy = create_scheduler(name, **params)
+            policy.bind_workload(workload.requests)
             engine = Engine(
                 workload.requests,
                 policy,
@@ -56,7 +56,7 @@ def calibrate(policies: list[str] | None = None, out: Path = DATA) -> dict[str, 
             )
             for step in engine.run().steps:
                 rows.append((step.work, step.sched_cpu_s))
-        fitted, r2 = fit(rows, name)
+        fitted, r2 = fit(rows, declared_cost_kind(cls))
         coefficients[name] = asdict(fitted)
         quality[name] = {"r2": r2, "steps": len(rows)}
     data = {

@@ -19,23 +19,32 @@ The `port` model is linear in the work a policy does:
 
 (every policy call an engine makes in a step - arrivals, admission, completions - is
 measured into that step).
-`lpm` scans every waiting request's tokens unless more than 128 wait (its FCFS fallback),
-`dfs-weight` always does, the others never. Coefficients are least-squares fits (non-negative)
-of the thread CPU time the real policy objects took per step in calibration runs on a named
-host, stored with that host's provenance in `data/sched_costs.json`;
-`feather.sim.sched_calibration.calibrate()` redoes it. Every simulation reports the
-measured CPU time beside the modelled one.
+A `radix-lpm` policy scans every waiting request's tokens unless more than 128 wait (its FCFS
+fallback), a `radix-dfs-weight` one always does, the others never (the kind each policy class
+declares, `SchedCostKind`). Coefficients are least-squares fits (non-negative) of the thread
+CPU time the real policy objects took per step in calibration runs on a named host, stored
+per policy class (by its registered name) with that host's provenance in
+`data/sched_costs.json`; `feather.sim.sched_calibration.calibrate()` redoes it. A class with
+no fit of its own is priced by the fit of its kind's stand-in (`PORT_STAND_INS`) and named in
+the run's summary. Every simulation reports the measured CPU time beside the modelled one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from feather.policies.base import (
+    AdmissionPolicy,
+    SchedCostKind,
+    declared_cost_kind,
+    policy_label,
+)
 from feather.sim.linear_fit import nnls, r_squared
 from feather.sim.sched_measured import (
     COST_MODELS,
@@ -45,7 +54,15 @@ from feather.sim.sched_measured import (
 )
 
 DATA = Path(__file__).with_name("data") / "sched_costs.json"
-SCANS = {"lpm": "up_to_128", "dfs-weight": "always"}
+SCANS = {SchedCostKind.RADIX_LPM: "up_to_128", SchedCostKind.RADIX_DFS_WEIGHT: "always"}
+# the calibrated policy whose fit prices a class of that kind without a fit of its own
+PORT_STAND_INS = {
+    SchedCostKind.FIFO: "fcfs",
+    SchedCostKind.RADIX_LPM: "lpm",
+    SchedCostKind.RADIX_DFS_WEIGHT: "dfs-weight",
+    SchedCostKind.CHT: "feather-static",
+    SchedCostKind.PLAN: "batches",
+}
 
 
 @dataclass(frozen=True)
@@ -85,7 +102,7 @@ class Coefficients:
     per_scanned_token_s: float = 0.0
 
 
-def _features(policy: str, work: StepWork) -> list[float]:
+def _features(kind: SchedCostKind, work: StepWork) -> list[float]:
     return [
         1.0,
         work.candidates,
@@ -93,50 +110,57 @@ def _features(policy: str, work: StepWork) -> list[float]:
         work.arrival_tokens,
         work.finished,
         work.waiting,
-        scanned_tokens(policy, work.waiting, work.waiting_tokens),
+        scanned_tokens(kind, work.waiting, work.waiting_tokens),
     ]
 
 
-def scanned_tokens(policy: str, waiting: int, waiting_tokens: int) -> int:
-    scan = SCANS.get(policy, "never")
+def scanned_tokens(kind: SchedCostKind, waiting: int, waiting_tokens: int) -> int:
+    scan = SCANS.get(kind, "never")
     if scan == "always" or (scan == "up_to_128" and waiting <= 128):
         return waiting_tokens
     return 0
 
 
 class SchedulingCostModel:
-    """The `port` model: callable (policy name, StepWork) -> seconds."""
+    """The `port` model: callable (policy class, StepWork) -> seconds. A class with its own
+    fit is priced by it; any other by the fit of its kind's stand-in (`stand_ins`), and
+    named in `uncalibrated`. An empty table prices nothing (`zero`)."""
 
     def __init__(
         self,
-        table: dict[str, Coefficients],
+        table: Mapping[type[AdmissionPolicy], Coefficients],
         source: dict[str, Any] | None = None,
-        fallback: str = "fcfs",
+        stand_ins: Mapping[SchedCostKind, type[AdmissionPolicy]] | None = None,
     ) -> None:
-        self.table = table
+        self.table = dict(table)
         self.source = source or {}
-        self.fallback = fallback
+        self.stand_ins = dict(stand_ins or {})
         self.uncalibrated: set[str] = set()
 
     @classmethod
     def zero(cls) -> SchedulingCostModel:
-        return cls({}, {"note": "scheduling time not modelled"}, fallback="")
+        return cls({}, {"note": "scheduling time not modelled"})
 
     @classmethod
     def default(cls) -> SchedulingCostModel:
-        data = json.loads(DATA.read_text())
-        table = {name: Coefficients(**c) for name, c in data["coefficients"].items()}
-        source = {k: v for k, v in data.items() if k != "coefficients"}
-        return cls(table, {"name": "port", "data": DATA.name, **source})
+        from feather.policies.registry import resolve_scheduler
 
-    def __call__(self, policy: str, work: StepWork) -> float:
+        data = json.loads(DATA.read_text())
+        # the data names each fit by the registered name of the policy that was calibrated
+        table = {resolve_scheduler(n): Coefficients(**c) for n, c in data["coefficients"].items()}
+        stand_ins = {kind: resolve_scheduler(name) for kind, name in PORT_STAND_INS.items()}
+        source = {k: v for k, v in data.items() if k != "coefficients"}
+        return cls(table, {"name": "port", "data": DATA.name, **source}, stand_ins)
+
+    def __call__(self, policy: type[AdmissionPolicy], work: StepWork) -> float:
+        if not self.table:
+            return 0.0
+        kind = declared_cost_kind(policy)
         c = self.table.get(policy)
         if c is None:
-            if not self.fallback:
-                return 0.0
-            self.uncalibrated.add(policy)
-            c = self.table[self.fallback]
-        return float(np.dot(list(asdict(c).values()), _features(policy, work)))
+            self.uncalibrated.add(policy_label(policy))
+            c = self.table[self.stand_ins[kind]]
+        return float(np.dot(list(asdict(c).values()), _features(kind, work)))
 
 
 def cost_model(
@@ -157,10 +181,10 @@ def cost_model(
     return MeasuredCostModel(name, data, mode, block_size)
 
 
-def fit(rows: list[tuple[StepWork, float]], policy: str) -> tuple[Coefficients, float]:
-    """Non-negative least squares of measured CPU seconds on the step's work; returns the
-    fit's R^2 too."""
-    x = np.array([_features(policy, work) for work, _ in rows], dtype=float)
+def fit(rows: list[tuple[StepWork, float]], kind: SchedCostKind) -> tuple[Coefficients, float]:
+    """Non-negative least squares of measured CPU seconds on the step's work of a policy of
+    that kind; returns the fit's R^2 too."""
+    x = np.array([_features(kind, work) for work, _ in rows], dtype=float)
     y = np.array([cpu for _, cpu in rows], dtype=float)
     coefficients = nnls(x, y)
     return Coefficients(*coefficients.tolist()), r_squared(y, x @ coefficients)

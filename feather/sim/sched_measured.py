@@ -5,22 +5,27 @@ The overhead experiment (`feather/overhead/`) times, each in its own process, SG
 its Rust tree, 0.5.10), vLLM's real `KVCacheManager.get_computed_blocks` and our CHT policy.
 `feather.sim.sched_fit` fits each one, as a linear form below, to the bench's full sweep;
 the coefficients are committed data (`data/sched_costs_measured.json`, with the bench's
-provenance). A model prices one engine step's `StepWork`:
+provenance). A model prices one engine step's `StepWork` for a policy by the kind of work
+its class declares (`SchedCostKind`, feather/policies/base.py), never by its name:
 
   engine, every policy - the prefix lookup of each request the engine considers admitting:
     vllm mode:   get_computed_blocks   lookups + hit blocks + prompt blocks
     sglang mode: init_next_round_input requests + prompt tokens + cached (hit) tokens
   the policy's own work, on top:
-    lpm, dfs-weight: SGLang's calc_priority of the model's release, once in each step in
-      which SGLang calls it (`work.policy_pass`, with requests waiting):
+    radix-lpm, radix-dfs-weight (lpm, dfs-weight): SGLang's calc_priority of the model's
+      release, once in each step in which SGLang calls it (`work.policy_pass`, with
+      requests waiting):
         1 + W waiting + T tokens of the waiting requests + N nodes of the tree
-      lpm with more than 128 waiting: SGLang's FCFS fallback (1 + W), no matching
-    feather-*: the CHT policy's ADD/STOP decision (decisions, decisions x log2(1 + W),
-      chunks of the candidates) and the CHT insertion per arriving request (1 + chunks):
-      in vllm mode from vLLM's own block hashes (`feather:arrival-hashes`; vLLM hashes every
-      request whatever the scheduler, and Feather reuses those hashes), in sglang mode from
-      the tokens, hashing them (`feather:arrival`)
-    fcfs and every other policy: nothing more
+      radix-lpm with more than 128 waiting: SGLang's FCFS fallback (1 + W), no matching
+    cht (every Feather policy): the CHT policy's ADD/STOP decision (decisions,
+      decisions x log2(1 + W), chunks of the candidates) and the CHT insertion per arriving
+      request (1 + chunks): in vllm mode from vLLM's own block hashes
+      (`feather:arrival-hashes`; vLLM hashes every request whatever the scheduler, and
+      Feather reuses those hashes), in sglang mode from the tokens, hashing them
+      (`feather:arrival`)
+    fifo (fcfs): nothing more
+    plan (batches): nothing more, and named in the run's `sched_model_fallback_for` (no real
+      engine runs a fixed plan, so none was measured)
 
 Every price is in seconds of thread CPU time measured on the bench's host (a 2-core VM:
 see `host` in the data); a server CPU pays less.
@@ -35,8 +40,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from feather.engine_limits import ENGINE_MODES
+from feather.policies.base import SchedCostKind, declared_cost_kind, policy_label
 
 if TYPE_CHECKING:
+    from feather.policies.base import AdmissionPolicy
     from feather.sim.sched_cost import StepWork
 
 MEASURED_DATA = Path(__file__).with_name("data") / "sched_costs_measured.json"
@@ -123,7 +130,7 @@ def step_features(form: str, work: StepWork, block_size: int) -> dict[str, float
 
 
 class MeasuredCostModel:
-    """Callable (policy name, StepWork) -> seconds for one SGLang release and engine mode."""
+    """Callable (policy class, StepWork) -> seconds for one SGLang release and engine mode."""
 
     def __init__(self, name: str, data: dict[str, Any], mode: str, block_size: int) -> None:
         if data.get("format") != FORMAT:
@@ -160,22 +167,23 @@ class MeasuredCostModel:
             "host_note": data["host_note"],
         }
 
-    def __call__(self, policy: str, work: StepWork) -> float:
+    def __call__(self, policy: type[AdmissionPolicy], work: StepWork) -> float:
         bs = self.block_size
+        kind = declared_cost_kind(policy)
         seconds = self.base(step_features(self.base_form, work, bs))
-        if policy in ("lpm", "dfs-weight"):
+        if kind in (SchedCostKind.RADIX_LPM, SchedCostKind.RADIX_DFS_WEIGHT):
             if work.policy_pass and work.waiting > 0:
-                if policy == "dfs-weight":
+                if kind is SchedCostKind.RADIX_DFS_WEIGHT:
                     seconds += self.dfs_weight(step_features("pass", work, bs))
                 elif work.waiting > LPM_FALLBACK_ABOVE:
                     seconds += self.lpm_fallback(step_features("fallback", work, bs))
                 else:
                     seconds += self.lpm(step_features("pass", work, bs))
-        elif policy.startswith("feather"):
+        elif kind is SchedCostKind.CHT:
             seconds += self.decision(step_features("decision", work, bs))
             seconds += self.arrival(step_features("arrival", work, bs))
-        elif policy != "fcfs":
-            self.uncalibrated.add(policy)  # priced as FCFS: the engine's lookups only
+        elif kind is SchedCostKind.PLAN:
+            self.uncalibrated.add(policy_label(policy))  # the engine's lookups only
         return seconds
 
 

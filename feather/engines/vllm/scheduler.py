@@ -217,14 +217,15 @@ class _FeatherSchedulingMixin:
         )
         self._policy_queue = PolicyWaitingQueue(self.policy, self._step_context)
         self.waiting = self._policy_queue
-        if hasattr(self.policy, "bind_workload"):
+        if self.policy.plans_over_workload:
             if workload is None:
                 raise ValueError(
                     f"scheduler {scheduler!r} plans over the workload's requests: "
                     "use_policy needs them (workload=...)"
                 )
-            self.policy.bind_workload(workload)
             self._plan_ids = [r.request_id for r in workload]
+        if workload is not None:
+            self.policy.bind_workload(workload)
 
     def _step_context(self) -> StepContext:
         return StepContext(
