@@ -9,9 +9,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from feather.claims import c5
+from feather.claims.base import Evidence
 from feather.pipeline import c5_tables as c5t
-from feather.pipeline import our_numbers
-from feather.pipeline import verdicts as v
 
 WHOLE = "data/workloads/leval__min=1000-max=10000-order=shuffled-seed=0__llama-3.1-8b.parquet"
 BUCKET = "data/workloads/leval__min=8000-max=10000-order=shuffled-seed=0__llama-3.1-8b.parquet"
@@ -63,15 +63,14 @@ def test_ratios_divide_by_the_same_workloads_fcfs() -> None:
 
 def test_summaries_keep_each_workload_apart() -> None:
     table = _two_workloads()
-    lines = [line for line in our_numbers.c5_lines(table, "c5") if "/ fcfs" in line]
+    lines = [line for line in c5.c5_lines(table, "c5") if "/ fcfs" in line]
     assert len(lines) == 2
     assert any(line.startswith("leval min=1000 max=10000,") and "= 3.00x" in line
                for line in lines)
     assert any(line.startswith("leval min=8000 max=10000,") and "= 0.50x" in line
                for line in lines)
-    verdict = v.c5(v.Sources(table))
-    assert "3.00x" in verdict.simulated and "leval min=1000 max=10000" in verdict.simulated
-    assert "0.50x-3.00x" in verdict.simulated.replace(" ", "")
+    simulated = c5.verdict(Evidence(table)).grades[0].text
+    assert "/ fcfs 0.50x-3.00x" in simulated
 
 
 def test_a_tie_names_feather_static_not_a_learner_that_made_its_decisions() -> None:

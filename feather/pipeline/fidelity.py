@@ -376,8 +376,8 @@ def draw_fidelity(table_json: str | Path, out: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from feather.claims.plot import save as _save
     from feather.figure_style import legend_beside
-    from feather.pipeline.figures import _save
 
     doc = json.loads(Path(table_json).read_text())
     rows = pd.DataFrame(doc["rows"])

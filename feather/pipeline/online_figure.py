@@ -69,8 +69,8 @@ def draw_online(paths: Iterable[str | Path], out: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from feather.claims.plot import save as _save
     from feather.figure_style import legend_beside
-    from feather.pipeline.figures import _save
 
     paths = list(paths)
     data = load_rows(paths)
@@ -179,7 +179,7 @@ def _draw_failed(paths: list[str | Path], out: Path) -> None:
 
     import matplotlib.pyplot as plt
 
-    from feather.pipeline.figures import _save
+    from feather.claims.plot import save as _save
     from feather.pipeline.job_status import describe, failures
 
     lines = [textwrap.fill(describe(f), 110) for f in failures(paths)] or ["no online runs"]

@@ -2,9 +2,9 @@
 
 Each figure's labels, read when the report is built (never stored as job parameters, so a
 new result never makes Snakemake redraw a figure): the claim it tests and the paper's number
-(`figures/README.md`'s index, the one place they are written for every figure), and ours
-from this run - the figure's row of `figures/ours.md` for the experiments' figures, a line
-computed from the measured results for the overhead and kernel figures.
+(its claim module's FigureSpec, feather/claims), and ours from this run - the figure's row of
+`figures/ours.md` for the experiments' figures, a line computed from the measured results for
+the overhead and kernel figures.
 """
 
 from __future__ import annotations
@@ -33,13 +33,6 @@ def _table_rows(markdown: str) -> dict[str, list[str]]:
             for name in match.group(1).split(", "):
                 rows[name.removesuffix(".png")] = cells
     return rows
-
-
-def figure_index(readme: str | Path) -> dict[str, dict[str, str]]:
-    """figures/README.md's index: figure name -> its claim and the paper's number."""
-    rows = _table_rows(Path(readme).read_text())
-    return {name: {"claim": cells[0], "paper": cells[1]} for name, cells in rows.items()
-            if len(cells) >= 2 and name != "figure"}
 
 
 def ours_from_table(ours_md: str | Path, figure: str) -> str | None:
@@ -113,12 +106,15 @@ def kernels_ours(paths: Iterable[str | Path]) -> str:
     return "; ".join(lines) or "no kernel results"
 
 
-def figure_labels(figure: str, readme: str | Path, ours: str | None) -> dict[str, str]:
+def figure_labels(figure: str, ours: str | None) -> dict[str, str]:
     """The report's labels of one figure: its name, claim, the paper's number and ours."""
-    entry = figure_index(readme).get(figure)
-    if entry is None:
-        raise ValueError(f"figure {figure!r} is not in {readme}'s index; add its row there")
-    return {"figure": figure, **entry, "ours": ours or "not computed in this run"}
+    from feather.claims import figures
+
+    spec = figures().get(figure)
+    if spec is None:
+        raise ValueError(f"figure {figure!r} is declared by no claim module in feather/claims")
+    return {"figure": figure, "claim": spec.shows, "paper": spec.paper,
+            "ours": ours or "not computed in this run"}
 
 
 def markdown_page(source: str | Path, out: str | Path) -> None:

@@ -238,7 +238,7 @@ def never_worse_policies():
 
 def all_targets():
     return (["results/summary.parquet", "results/summary.csv", "figures/ours.md",
-             "figures/verdicts.md"]
+             "figures/verdicts.md", "figures/README.md"]
             + [f"figures/{name}.png" for name in figure_names()]
             # each stage's own, planned in its rule file (overhead.smk, kernels.smk, ...)
             + OVERHEAD_TARGETS + KERNEL_TARGETS + FIDELITY_TARGETS + never_worse_targets()
@@ -319,7 +319,7 @@ def report_labels(figure=None):
             ours = report.fidelity_ours(Path(FIDELITY_DIR) / "fidelity.json")
         else:
             ours = report.ours_from_table("figures/ours.md", name)
-        return report.figure_labels(name, REPO / "figures" / "README.md", ours)
+        return report.figure_labels(name, ours)
 
     return labels
 

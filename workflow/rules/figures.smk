@@ -1,4 +1,5 @@
-# The figures (figures/README.md indexes them) and the table of our numbers.
+# The figures (feather/claims declares and draws them; figures/README.md indexes them), the
+# table of our numbers and the figure index.
 
 
 rule figure:
@@ -12,7 +13,7 @@ rule figure:
     wildcard_constraints:
         name="|".join(n for n in figure_names() if n != "rl_policies") or "no-figures",
     run:
-        from feather.pipeline.figures import draw
+        from feather.claims import draw
 
         with logged_to(log[0]):
             draw(wildcards.name, input.table, output[0], figure_meta(wildcards.name))
@@ -27,7 +28,7 @@ rule rl_figure:
     log:
         "logs/figures/rl_policies.log",
     run:
-        from feather.pipeline.figures import draw
+        from feather.claims import draw
 
         with logged_to(log[0]):
             draw("rl_policies", None, output[0], figure_meta("rl_policies"), input.reports)
@@ -38,6 +39,7 @@ rule our_numbers:
         table="results/summary.parquet",
         reports=rl_reports(),
         sections=OVERHEAD_TARGETS[:1],  # the overhead report, where the experiment is on
+        fidelity=FIDELITY_TARGETS[:1],  # results/fidelity/fidelity.csv, where it runs
     output:
         "figures/ours.md",
     log:
@@ -46,7 +48,24 @@ rule our_numbers:
         from feather.pipeline.our_numbers import write_ours
 
         with logged_to(log[0]):
-            write_ours(input.table, input.reports, output[0], EXPERIMENTS, input.sections)
+            write_ours(input.table, input.reports, output[0], EXPERIMENTS, input.sections,
+                       input.fidelity[0] if input.fidelity else None)
+
+
+rule figure_index:
+    """figures/README.md: every figure's claim, the paper's number and its command, from
+    feather/claims' registry (redrawn when a claim module changes)."""
+    input:
+        sorted(str(p) for p in (REPO / "feather" / "claims").glob("*.py")),
+    output:
+        "figures/README.md",
+    log:
+        "logs/figures/index.log",
+    run:
+        from feather.pipeline.figure_index import write_index
+
+        with logged_to(log[0]):
+            write_index(output[0])
 
 
 # The outputs of the jobs that may fail for their machine and leave a record instead
