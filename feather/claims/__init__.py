@@ -4,44 +4,46 @@ A claim module names its experiment file (experiments/<name>.yaml), declares its
 (drawn here from the summary table, or by the rule it names), its headline numbers
 (figures/ours.md) and, for a claim of the paper, its verdict (figures/verdicts.md). The
 verdict page, the table of our numbers, the figure index (figures/README.md) and the HTML
-report's labels are loops over `CLAIMS`. Adding a claim: an experiment file, a module here,
-and its `CLAIM` in the tuple below.
+report's labels are loops over `CLAIMS`, which holds every module of this package that
+declares a `CLAIM` (or `CLAIMS`), in `rank` order. Adding a claim: an experiment file and a
+module here.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from feather.claims import (
-    c1,
-    c2,
-    c5,
-    c6,
-    c7,
-    fidelity,
-    hardware,
-    kernels,
-    load,
-    memory,
-    online,
-    overhead,
-    rl,
-    stop,
-    vllm,
-)
 from feather.claims.base import Claim, FigureSpec
 
-# In page order: the verdict page's rows, then the figure index's.
-CLAIMS: tuple[Claim, ...] = (
-    c1.CLAIM, c2.CLAIM, overhead.C3, overhead.C4, c5.CLAIM, memory.CLAIM, vllm.CLAIM,
-    c6.CLAIM, c7.CLAIM, stop.CLAIM, load.CLAIM, online.CLAIM, hardware.CLAIM,
-    fidelity.CLAIM, rl.CLAIM, overhead.FIGURES, kernels.CLAIM,
-)
+_NOT_CLAIMS = ("base", "data", "plot")  # the modules the claims share
+
+
+def _discover() -> tuple[Claim, ...]:
+    """Every claim module's `CLAIM` (or `CLAIMS`), in page order (`rank`)."""
+    found: list[Claim] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name in _NOT_CLAIMS:
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        claims = getattr(module, "CLAIMS", None) or (getattr(module, "CLAIM", None),)
+        if not all(isinstance(c, Claim) for c in claims):
+            raise TypeError(f"feather/claims/{info.name}.py declares no CLAIM (a Claim) "
+                            "or CLAIMS (a tuple of them)")
+        found += claims
+    keys = [c.key for c in found]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"two claim modules declare the same key: {sorted(keys)}")
+    return tuple(sorted(found, key=lambda c: c.rank))
+
+
+CLAIMS: tuple[Claim, ...] = _discover()
 
 
 def figures() -> dict[str, FigureSpec]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,11 +170,11 @@ class Claim:
     """One row of the house: an experiment file, its figures, headline numbers, verdict."""
 
     key: str
-    experiment: str | None
+    experiment: str | None  # experiments/<name>.yaml, or None (a row of another's results)
+    rank: float  # place on the verdict page and in the figure index (C1-C7 are 1-7)
     figures: tuple[FigureSpec, ...] = ()
     headline: Callable[[Evidence], list[str]] | None = None
     verdict: Callable[[Evidence], Verdict] | None = None
-    source_file: str = field(default="")
 
 
 # ---- formatting shared by the claims' rows ----

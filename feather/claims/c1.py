@@ -225,6 +225,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="C1",
+    rank=1,
     experiment="c1",
     figures=(FigureSpec(
         "c1_homogeneous_vs_mixed", "C1",

@@ -176,6 +176,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="C2",
+    rank=2,
     experiment="c2",
     figures=(FigureSpec(
         "c2_divergent_requests", "C2",

@@ -327,6 +327,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="C5",
+    rank=5,
     experiment="c5",
     figures=(
         FigureSpec("c5_end_to_end", "C5",

@@ -109,6 +109,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="C6",
+    rank=6,
     experiment="c6",
     figures=(FigureSpec("c6_no_sharing", "C6",
                         "with no prefix sharing, Feather is no worse than FCFS",

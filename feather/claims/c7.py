@@ -137,6 +137,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="C7",
+    rank=7,
     experiment="c7",
     figures=(FigureSpec("c7_vs_prefix_aware_kernel", "C7",
                         "Feather matches or beats a prefix-aware kernel (PAT) without touching "

@@ -20,6 +20,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="fidelity",
+    rank=12,
     experiment="fidelity",
     figures=(FigureSpec(
         "fidelity", "(simulator fidelity)",

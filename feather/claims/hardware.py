@@ -84,6 +84,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="hardware",
+    rank=11,
     experiment="hardware",
     figures=(FigureSpec(
         "hardware_comparison", "(hardware)",

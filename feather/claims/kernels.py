@@ -8,6 +8,7 @@ from feather.claims.base import Claim, FigureSpec
 
 CLAIM = Claim(
     key="kernels",
+    rank=15,
     experiment=None,
     figures=(FigureSpec(
         "kernels", "C1, C2, C7 (kernel level)",

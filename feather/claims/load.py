@@ -72,6 +72,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="latency",
+    rank=9,
     experiment="load",
     figures=(FigureSpec(
         "load_latency", "(not in the paper)",

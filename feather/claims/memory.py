@@ -68,6 +68,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="memory",
+    rank=5.1,
     experiment="memory",
     figures=(FigureSpec(
         "memory_regime", "C5 (memory regime)",

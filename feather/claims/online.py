@@ -42,6 +42,7 @@ def verdict(evidence: Evidence) -> Verdict:
 
 CLAIM = Claim(
     key="load (online)",
+    rank=10,
     experiment="online",
     figures=(FigureSpec(
         "online_latency", "(not in the paper)",

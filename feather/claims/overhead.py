@@ -124,10 +124,11 @@ def headline(evidence: Evidence) -> list[str]:
     return lines
 
 
-C3 = Claim(key="C3", experiment=None, verdict=c3)
-C4 = Claim(key="C4", experiment=None, verdict=c4)
+C3 = Claim(key="C3", rank=3, experiment=None, verdict=c3)
+C4 = Claim(key="C4", rank=4, experiment=None, verdict=c4)
 FIGURES = Claim(
     key="overhead",
+    rank=14,
     experiment="overhead",
     headline=headline,
     figures=(
@@ -145,3 +146,5 @@ FIGURES = Claim(
                    "stays below 1% of GPU time", drawn_by=DRAWN_BY),
     ),
 )
+
+CLAIMS = (C3, C4, FIGURES)

@@ -170,6 +170,7 @@ def draw_from_reports(reports: list[str | Path], out: str | Path, meta: dict[str
 
 CLAIM = Claim(
     key="RL",
+    rank=13,
     experiment="rl",
     figures=(FigureSpec(
         "rl_policies", "(policies)",

@@ -170,6 +170,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="STOP (mechanism)",
+    rank=8,
     experiment="stop",
     figures=(FigureSpec(
         "stop_real_engine", "(mechanism: STOP)",

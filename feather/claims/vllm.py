@@ -83,6 +83,7 @@ def headline(evidence: Evidence) -> list[str]:
 
 CLAIM = Claim(
     key="C5 (real engine)",
+    rank=5.2,
     experiment="vllm",
     figures=(FigureSpec(
         "vllm_real_vs_sim", "C5 (real engine)",
