@@ -45,6 +45,7 @@ from feather.policies.base import (
     declared_cost_kind,
     policy_label,
 )
+from feather.policies.registry import resolve_scheduler
 from feather.sim.linear_fit import nnls, r_squared
 from feather.sim.sched_measured import (
     COST_MODELS,
@@ -143,8 +144,6 @@ class SchedulingCostModel:
 
     @classmethod
     def default(cls) -> SchedulingCostModel:
-        from feather.policies.registry import resolve_scheduler
-
         data = json.loads(DATA.read_text())
         # the data names each fit by the registered name of the policy that was calibrated
         table = {resolve_scheduler(n): Coefficients(**c) for n, c in data["coefficients"].items()}
