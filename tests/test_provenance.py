@@ -14,8 +14,10 @@ import pytest
 from nvml_replay import ReplayNvml, recorded_series
 
 from feather.atomic import write_json_atomic
+from feather.metrics import latency_summary
 from feather.pipeline.aggregate import aggregate
 from feather.provenance import behaviour_environment, collect_provenance
+from feather.run_summary import RunSummary
 from feather.sim.run import SimulationSpec, simulate
 from feather.sim.training import train
 from feather.telemetry import NvmlSampler
@@ -157,18 +159,16 @@ def _gpu_run(results: Path) -> Path:
         },
         "torch_cuda": {"checked": False, "reason": "constructed"},
     }
-    summary = {
-        "requests": 1,
-        "output_tok_s": 1.0,
-        "makespan_s": 1.0,
-        "ttft_s": {"p50": 0.1, "p99": 0.1},
-        "tpot_s": {"p50": 0.01, "p99": 0.01},
-        "nvml": sampler.record,
-        "provenance": provenance,
-    }
+    summary = RunSummary(
+        **latency_summary([0.0], [0.0], [0.1], [0.2], [11], [100]),
+        steps=11, decode_steps=10, mean_batch_size=1.0, mean_decode_batch_size=1.0,
+        mean_shared_prefix_tokens=0.0, mean_distinct_groups=1.0, prefix_cache_hit_tokens=0,
+        prefix_cache_hit_rate=0.0, sched_cpu_s_measured=0.001, wall_s=1.0,
+        nvml=sampler.record, provenance=provenance,
+    )  # fmt: skip
     # the directory name says nothing true about the hardware: the column must not use it
     return write_json_atomic(
-        results / "some-box" / "vllm" / "c5" / "fcfs__r0" / "summary.json", summary
+        results / "some-box" / "vllm" / "c5" / "fcfs__r0" / "summary.json", summary.to_json()
     )
 
 

@@ -1,11 +1,14 @@
 """One table of every run: a row per run directory, metrics and provenance side by side.
 
-A run directory, ours or one a user's own rule wrote, is valid when its `summary.json` holds
-the metrics below and a provenance record naming the config, seed and hardware; anything
-else is rejected with the file and the missing fields named, before any table is written.
-Hardware comes from provenance (the simulated profile for simulator runs, the real device
-otherwise), never from the directory name; figures comparing hardware read the `hardware`
-column. Fields older summaries lack (GPU facts, NVML) are empty cells, not errors.
+A run directory, ours or one a user's own rule wrote, is valid when its `summary.json` is a
+`RunSummary` (feather/run_summary.py): every field all producers write, and a provenance
+record naming the config, seed and hardware; anything else is rejected with the file and the
+missing or wrong-typed fields named, before any table is written. Fields that some producers
+legitimately lack (the simulator's KV traffic, vLLM's attention time, NVML before it was
+sampled) are declared optional there and are empty cells here, as are provenance facts older
+runs lack (GPU facts). Hardware comes from provenance (the simulated profile for simulator
+runs, the real device otherwise), never from the directory name; figures comparing hardware
+read the `hardware` column.
 """
 
 from __future__ import annotations
@@ -18,12 +21,10 @@ import pandas as pd
 
 from feather.atomic import atomic_target
 from feather.engines.runs import run_attention
+from feather.run_summary import InvalidSummaryError, RunSummary
 from feather.sim.attribution import PARTS as TIME_PARTS  # where a simulated run's time went
 from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec, RunSpecError
 from feather.telemetry.devices import device_name
-
-REQUIRED_METRICS = ("requests", "output_tok_s", "makespan_s", "ttft_s", "tpot_s")
-REQUIRED_PROVENANCE = ("config", "config_hash", "seed", "git", "packages", "host")
 
 
 class InvalidRunError(ValueError):
@@ -96,11 +97,6 @@ def _environment_columns(provenance: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _sched_cost(summary: dict[str, Any]) -> dict[str, Any]:
-    model = summary.get("sched_cost_model")
-    return model if isinstance(model, dict) else {}
-
-
 def run_label(run_dir: Path) -> str | None:
     """The scheduler's label a simulated run's spec.json gives (None: no spec, as for real
     engine runs, whose summaries carry their label)."""
@@ -119,19 +115,16 @@ def summary_row(path: Path) -> dict[str, Any] | None:
     from feather.pipeline.job_status import FAILED
 
     try:
-        summary = json.loads(path.read_text())
+        document = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise InvalidRunError(f"{path}: unreadable summary ({exc})") from exc
-    if summary.get("status") == FAILED:
+    if isinstance(document, dict) and document.get("status") == FAILED:
         return None
-    missing = [k for k in REQUIRED_METRICS if k not in summary]
-    provenance = summary.get("provenance")
-    if not isinstance(provenance, dict):
-        missing.append("provenance")
-    else:
-        missing += [f"provenance.{k}" for k in REQUIRED_PROVENANCE if k not in provenance]
-    if missing:
-        raise InvalidRunError(f"{path}: invalid run summary, missing {', '.join(missing)}")
+    try:
+        summary = RunSummary.from_json(document, where=str(path))
+    except InvalidSummaryError as exc:
+        raise InvalidRunError(str(exc)) from None
+    provenance = summary.provenance
     parts = path.parent.parts
     if len(parts) < 5 or parts[-5] != "results":
         raise InvalidRunError(f"{path}: not in results/<hardware>/<engine>/<experiment>/<run>/")
@@ -152,46 +145,45 @@ def summary_row(path: Path) -> dict[str, Any] | None:
         "workload": config.get("workload"),
         "model": config.get("model"),
         "kernel": config.get("kernel"),
-        "attention": run_attention(summary),
+        "attention": run_attention({"attention": summary.attention}),
         "engine_mode": config.get("engine_mode"),
         "seed": provenance["seed"],
         "repeat": config.get("repeat", 0),
-        **{key: summary.get(key) for key in REGIME_COLUMNS},
-        "requests": summary["requests"],
-        "output_tok_s": summary["output_tok_s"],
-        "total_tok_s": summary.get("total_tok_s"),
-        "makespan_s": summary["makespan_s"],
-        "ttft_p50_s": summary["ttft_s"].get("p50"),
-        "ttft_p99_s": summary["ttft_s"].get("p99"),
-        "tpot_p50_s": summary["tpot_s"].get("p50"),
-        "tpot_p99_s": summary["tpot_s"].get("p99"),
-        "longest_wait_s": summary.get("longest_wait_s"),
-        "mean_batch_size": summary.get("mean_batch_size"),
+        **{key: getattr(summary, key) for key in REGIME_COLUMNS},
+        "requests": summary.requests,
+        "output_tok_s": summary.output_tok_s,
+        "total_tok_s": summary.total_tok_s,
+        "makespan_s": summary.makespan_s,
+        "ttft_p50_s": summary.ttft_s["p50"],
+        "ttft_p99_s": summary.ttft_s["p99"],
+        "tpot_p50_s": summary.tpot_s["p50"],
+        "tpot_p99_s": summary.tpot_s["p99"],
+        "longest_wait_s": summary.longest_wait_s,
+        "mean_batch_size": summary.mean_batch_size,
         # a real engine's steps that prefill nothing (C1's measure: decode throughput)
-        "decode_only_tok_s": summary.get("decode_only_tok_s"),
-        "decode_only_step_s": summary.get("decode_only_step_s"),
-        "decode_only_attention_share": summary.get("decode_only_attention_share"),
-        "mean_shared_prefix_tokens": summary.get("mean_shared_prefix_tokens"),
-        "mean_distinct_groups": summary.get("mean_distinct_groups"),
-        "l2_hit_rate": summary.get("l2_hit_rate"),
-        "kv_read_bytes": summary.get("kv_read_bytes"),
-        "prefix_cache_hit_rate": summary.get("prefix_cache_hit_rate"),
-        "preemptions": summary.get("preemptions"),
-        "pool_evictions": summary.get("pool_evictions"),
-        "prefill_tokens_computed": summary.get("prefill_tokens_computed"),
-        "prefill_tokens_recomputed": summary.get("prefill_tokens_recomputed"),
-        **{f"time_{part}_s": (summary.get("time_split_s") or {}).get(part)
-           for part in TIME_PARTS},
-        "cascade_steps": summary.get("cascade_steps"),
+        "decode_only_tok_s": summary.decode_only_tok_s,
+        "decode_only_step_s": summary.decode_only_step_s,
+        "decode_only_attention_share": summary.decode_only_attention_share,
+        "mean_shared_prefix_tokens": summary.mean_shared_prefix_tokens,
+        "mean_distinct_groups": summary.mean_distinct_groups,
+        "l2_hit_rate": summary.l2_hit_rate,
+        "kv_read_bytes": summary.kv_read_bytes,
+        "prefix_cache_hit_rate": summary.prefix_cache_hit_rate,
+        "preemptions": summary.preemptions,
+        "pool_evictions": summary.pool_evictions,
+        "prefill_tokens_computed": summary.prefill_tokens_computed,
+        "prefill_tokens_recomputed": summary.prefill_tokens_recomputed,
+        **{f"time_{part}_s": (summary.time_split_s or {}).get(part) for part in TIME_PARTS},
+        "cascade_steps": summary.cascade_steps,
         # which model priced scheduling (feather/sim/sched_measured.py) and whether it
         # overlapped the GPU step; a real engine's runs have neither
-        "sched_cost_model": _sched_cost(summary).get("name"),
-        "overlap_scheduling": _sched_cost(summary).get("overlap_scheduling"),
-        "sched_fraction_of_step_time": summary.get("sched_fraction_of_step_time"),
-        "sched_cpu_s_measured": summary.get("sched_cpu_s_measured"),
-        "fraction_of_oracle": summary.get("fraction_of_oracle"),
-        "wall_s": summary.get("wall_s"),
-        **_nvml_columns(summary.get("nvml")),
+        "sched_cost_model": (summary.sched_cost_model or {}).get("name"),
+        "overlap_scheduling": (summary.sched_cost_model or {}).get("overlap_scheduling"),
+        "sched_fraction_of_step_time": summary.sched_fraction_of_step_time,
+        "sched_cpu_s_measured": summary.sched_cpu_s_measured,
+        "fraction_of_oracle": summary.fraction_of_oracle,
+        "wall_s": summary.wall_s,
+        **_nvml_columns(summary.nvml),
         "git_revision": provenance["git"].get("revision"),
         "git_dirty": provenance["git"].get("dirty"),
         "feather_version": provenance.get("feather_version"),

@@ -6,7 +6,7 @@ without it is an incomplete run):
   requests.parquet  a row per request (arrival, admission, first token, finish, ...)
   summary.json      throughput, latency, batch shape, KV traffic, scheduling time, the
                     oracle, and provenance of both the simulating host and the simulated
-                    hardware
+                    hardware (a `RunSummary`, feather/run_summary.py)
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from feather.kernels.plan import KERNELS
 from feather.metrics import latency_summary
 from feather.models import get_model
 from feather.policies import AdmissionPolicy, create_engine_policy, create_vllm_policy
+from feather.policies.base import declared_cost_kind
 from feather.provenance import collect_provenance
+from feather.run_summary import RunSummary
 from feather.rundir import write_run_dir
 from feather.sim.attribution import StepSplit, attribute
 from feather.sim.batch_step import BatchStep
@@ -97,7 +99,7 @@ class SimulationSpec:
 @dataclass
 class SimulationResult:
     spec: SimulationSpec
-    summary: dict[str, Any]
+    summary: dict[str, Any]  # a RunSummary's JSON, as summary.json holds it
     trace: pa.Table
     requests: pa.Table
     engine: EngineResult
@@ -180,6 +182,8 @@ def simulate(
         policy = make_policy(spec, workload, num_blocks)
     else:
         policy.bind_workload(workload.requests)
+    if spec.sched_time == "model":  # refused before the engine runs, naming the class
+        declared_cost_kind(type(policy))
     engine = Engine(
         workload.requests,
         policy,
@@ -201,18 +205,22 @@ def simulate(
     trace = _trace_table(result, splits)
     requests = _requests_table(result)
     oracle = roofline(workload.requests, model, hardware, spec.max_num_seqs)
-    summary = {**_summary(result, trace, oracle.roofline_output_tok_s), **regime}
-    summary["time_split_s"] = time_split  # sums to makespan_s (feather/sim/attribution.py)
-    summary["oracle"] = oracle.to_json()
-    summary["wall_s"] = time.perf_counter() - wall0
-    summary["sched_model_fallback_for"] = sorted(sched_model.uncalibrated)
-    summary["sched_cost_model"] = _sched_cost_summary(spec, sched_model.source)
-    summary["policy_scope_warning"] = _scope_warning(spec, policy)
-    summary["nvml"] = not_applicable(f"simulated run ({spec.hardware} profile), no device")
-    summary["provenance"] = _provenance(
-        spec, started, config, hardware, model, policy, sched_model.source, workload
+    wall_s = time.perf_counter() - wall0
+    summary = RunSummary(
+        **_summary(result, trace, oracle.roofline_output_tok_s),
+        **regime,
+        time_split_s=time_split,  # sums to makespan_s (feather/sim/attribution.py)
+        oracle=oracle.to_json(),
+        wall_s=wall_s,
+        sched_model_fallback_for=sorted(sched_model.uncalibrated),
+        sched_cost_model=_sched_cost_summary(spec, sched_model.source),
+        policy_scope_warning=_scope_warning(spec, policy),
+        nvml=not_applicable(f"simulated run ({spec.hardware} profile), no device"),
+        provenance=_provenance(
+            spec, started, config, hardware, model, policy, sched_model.source, workload
+        ),
     )
-    return SimulationResult(spec, summary, trace, requests, result)
+    return SimulationResult(spec, summary.to_json(), trace, requests, result)
 
 
 def _check_fits_context(spec: SimulationSpec, workload: Workload, model: Any) -> None:

@@ -204,13 +204,15 @@ def required_context(workload: Any) -> int:
 def build_result(session: SGLangSession, workload: Any, workload_spec: str, label: str,
                  params: dict, seed: int, repeat: int, steps: list, reqs: list,
                  started_utc: str, wall_s: float, nvml: Any) -> dict[str, Any]:
-    """Trace and request tables, summary and provenance, as the vLLM runner writes them."""
+    """Trace and request tables, and the run's summary (a `RunSummary`, with provenance), as
+    the vLLM runner writes them."""
     import pyarrow as pa
 
     from feather.engines.sglang.records import parse_request_id
     from feather.metrics import latency_summary
     from feather.models import get_model
     from feather.provenance import collect_provenance
+    from feather.run_summary import RunSummary
     from feather.telemetry import NVML_FILE
 
     by_index = {parse_request_id(r["rid"])[0]: r for r in reqs}
@@ -229,7 +231,7 @@ def build_result(session: SGLangSession, workload: Any, workload_spec: str, labe
     })
     trace = pa.Table.from_pylist(steps)
     cols = request_table.to_pydict()
-    summary = latency_summary(cols["arrival_s"], cols["admitted_s"], cols["first_token_s"],
+    latency = latency_summary(cols["arrival_s"], cols["admitted_s"], cols["first_token_s"],
                               cols["finish_s"], cols["output_len"], cols["prompt_len"])
     step_times = [s["step_time_s"] or 0.0 for s in steps]
     busy = sum(step_times) or 1.0
@@ -243,27 +245,9 @@ def build_result(session: SGLangSession, workload: Any, workload_spec: str, labe
     decode = [s["batch_size"] for s in steps if s["forward_mode"] == "decode"]
     hits = sum(cols["cached_tokens"])
     sched_cpu = sum(s["sched_cpu_s"] for s in steps)
-    summary.update({
-        "steps": len(steps),
-        "decode_steps": len(decode),
-        "mean_batch_size": weighted("batch_size"),
-        "mean_decode_batch_size": sum(decode) / len(decode) if decode else 0.0,
-        "mean_shared_prefix_tokens": weighted("shared_prefix_tokens"),
-        "mean_distinct_groups": weighted("distinct_groups"),
-        "prefix_cache_hit_tokens": hits,
-        "prefix_cache_hit_rate": hits / summary["prompt_tokens"] if summary["prompt_tokens"]
-        else 0.0,
-        "sched_cpu_s_measured": sched_cpu,
-        "policy_cpu_s": sum(s["policy_cpu_s"] for s in steps),
-        "sched_cpu_fraction_of_step_time": sched_cpu / busy,
-        "decisions_stop": sum(s["decisions_stop"] for s in steps),
-        "engine_startup_s": session.startup_s,
-        "wall_s": wall_s,
-    })
     series = nvml.table() if nvml.record["available"] else None
-    summary["nvml"] = {**nvml.record, "file": NVML_FILE if series is not None else None}
     native = is_native(session.scheduler, params)
-    summary["provenance"] = collect_provenance(
+    provenance = collect_provenance(
         config={"engine": "sglang", "workload": workload_spec, "scheduler": session.scheduler,
                 "scheduler_label": label, "scheduler_params": params, "model": session.setup.model,
                 "seed": seed, "repeat": repeat, "setup": asdict(session.setup)},
@@ -282,7 +266,28 @@ def build_result(session: SGLangSession, workload: Any, workload_spec: str, labe
             "produced_by": f"real sglang {session.version} on {', '.join(session.gpus)}",
         },
     )
-    return {"summary": summary, "trace": trace, "requests": request_table, "nvml": series}
+    summary = RunSummary(
+        **latency,
+        steps=len(steps),
+        decode_steps=len(decode),
+        mean_batch_size=weighted("batch_size"),
+        mean_decode_batch_size=sum(decode) / len(decode) if decode else 0.0,
+        mean_shared_prefix_tokens=weighted("shared_prefix_tokens"),
+        mean_distinct_groups=weighted("distinct_groups"),
+        prefix_cache_hit_tokens=hits,
+        prefix_cache_hit_rate=hits / latency["prompt_tokens"] if latency["prompt_tokens"]
+        else 0.0,
+        sched_cpu_s_measured=sched_cpu,
+        policy_cpu_s=sum(s["policy_cpu_s"] for s in steps),
+        sched_cpu_fraction_of_step_time=sched_cpu / busy,
+        decisions_stop=sum(s["decisions_stop"] for s in steps),
+        engine_startup_s=session.startup_s,
+        wall_s=wall_s,
+        nvml={**nvml.record, "file": NVML_FILE if series is not None else None},
+        provenance=provenance,
+    )
+    return {"summary": summary.to_json(), "trace": trace, "requests": request_table,
+            "nvml": series}
 
 
 def setup_from_args(args: Any) -> SGLangSetup:

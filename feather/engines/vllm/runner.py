@@ -39,6 +39,7 @@ from feather.memory import check_fits
 from feather.metrics import latency_summary
 from feather.models import get_model
 from feather.provenance import collect_provenance
+from feather.run_summary import RunSummary
 from feather.rundir import write_run_dir
 from feather.telemetry import NVML_FILE, NvmlSampler
 from feather.workloads import Workload
@@ -104,7 +105,7 @@ class EngineSetup:
 
 @dataclass
 class VllmResult:
-    summary: dict[str, Any]
+    summary: dict[str, Any]  # a RunSummary's JSON (feather/run_summary.py)
     trace: pa.Table
     requests: pa.Table
     nvml: pa.Table | None = None  # the NVML series; None where NVML was unavailable
@@ -346,18 +347,17 @@ class VllmSession:
                 "preemptions": [t.preemptions for t in rows],
             }
         )
-        summary = self._summary(run, workload, trace, request_table)
-        summary["attention"] = {
+        measured = self._summary(run, workload, trace, request_table)
+        attention = {
             "requested": self.setup.attention,
             "backend_class": self.facts["attention_backend_class"],
             # attention calls (one per layer and step) by the path that served them, counted
             # inside the engine; None where vLLM's own backend ran (it counts nothing)
             "calls": self._attention_calls() if attention_calls is not None else None,
         }
-        summary["wall_s"] = time.perf_counter() - wall0
+        wall_s = time.perf_counter() - wall0
         series = nvml.table() if nvml.record["available"] else None
-        summary["nvml"] = {**nvml.record, "file": NVML_FILE if series is not None else None}
-        summary["provenance"] = collect_provenance(
+        provenance = collect_provenance(
             config={
                 "engine": "vllm",
                 "workload": run.workload,
@@ -384,7 +384,14 @@ class VllmSession:
                 "produced_by": f"real {self.dist} {self.version} on {self.device}",
             },
         )
-        return VllmResult(summary, trace, request_table, series)
+        summary = RunSummary(
+            **measured,
+            attention=attention,
+            wall_s=wall_s,
+            nvml={**nvml.record, "file": NVML_FILE if series is not None else None},
+            provenance=provenance,
+        )
+        return VllmResult(summary.to_json(), trace, request_table, series)
 
     def _attention_calls(self) -> dict[str, int] | None:
         """Our backend's calls by path since the last call (None: it is not loaded)."""
