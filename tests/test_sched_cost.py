@@ -126,7 +126,18 @@ def test_unknown_cost_model_names_fail_clearly() -> None:
         cost_model("sglang-0.6")
     with pytest.raises(ValueError, match="unknown scheduling-cost model"):
         SimulationSpec("w", "fcfs", "a100-80gb", "llama-3.1-8b", sched_cost_model="radix")
-    assert set(COST_MODELS) == {*RELEASES, "port"}
+    assert set(COST_MODELS) == {*RELEASES, "port", "none"}
+
+
+def test_the_none_model_charges_no_policy_anything() -> None:
+    """C5 without scheduling cost: what the order alone gives the baselines."""
+    from feather.policies.lpm import LPMPolicy
+
+    model = cost_model("none")
+    work = StepWork(arrivals=3, waiting=500, waiting_tokens=500_000, policy_pass=True,
+                    candidates=8, tree_nodes=2_000)
+    assert model(LPMPolicy, work) == model(FeatherStaticPolicy, work) == 0.0
+    assert cost_model("sglang-0.5.10")(LPMPolicy, work) > 0.0
 
 
 # ---- the committed fit --------------------------------------------------------------------------

@@ -172,6 +172,8 @@ def cost_model(
     refitted data file in place of the committed one."""
     if name == "port":
         return SchedulingCostModel.default()
+    if name == "none":
+        return SchedulingCostModel.zero()
     if name not in RELEASES:
         raise ValueError(
             f"unknown scheduling-cost model {name!r}; known: {', '.join(COST_MODELS)}"

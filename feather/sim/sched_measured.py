@@ -71,7 +71,9 @@ COMPONENT_FORMS = {
     "dfs-weight": "pass",
 }
 RELEASES = ("sglang-0.5.23-rust", "sglang-0.5.23-python", "sglang-0.5.10")
-COST_MODELS = (*RELEASES, "port")  # `port`: our ports' own CPU time (sched_cost)
+# `port`: our ports' own CPU time (sched_cost); `none`: scheduling is free (C5 without the
+# baselines' scheduling cost: what the order alone gives)
+COST_MODELS = (*RELEASES, "port", "none")
 # The model the paper's comparison needs (README, "What scheduling costs"): of the releases
 # measured, only 0.5.10's calc_priority reaches the paper's C3 band (50-90% of step latency)
 # for both lpm and dfs-weight; 0.5.23's lpm stays under ~23% (a faster tree, and its FCFS
