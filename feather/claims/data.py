@@ -33,6 +33,8 @@ def compared_throughput(data: pd.DataFrame) -> pd.Series:
     """The throughput C2 compares: of the decode-only steps on a real engine and on the cpu
     profile (which prices the real engine's batches), of the whole run on the GPU profiles."""
     decode = (data.engine != "sim") | (data.hardware == "cpu")
+    if "decode_only_tok_s" not in data:  # a table of GPU profiles' runs only
+        return data.output_tok_s.where(~decode)
     return data.decode_only_tok_s.where(decode, data.output_tok_s)
 
 
@@ -41,6 +43,12 @@ def batch_requests(spec: str) -> int:
     per_group = re.search(r"per_group=(\d+)", spec)
     groups = re.search(r"groups=(\d+)", spec)
     return int(per_group.group(1) if per_group else 100) * int(groups.group(1) if groups else 8)
+
+
+def group_size(spec: str) -> int:
+    """The requests per prefix group of a synthetic spec (100 where it names none)."""
+    per_group = re.search(r"per_group=(\d+)", str(spec))
+    return int(per_group.group(1)) if per_group else 100
 
 
 def divergent_requests(spec: str) -> int:
