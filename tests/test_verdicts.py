@@ -446,3 +446,21 @@ def test_c7_a_real_engine_that_disagrees_with_the_simulator_decides() -> None:
     assert "feather-static + vllm / fcfs + pat 0.67x" in verdict.grades[0].text
     assert verdict.disagreement() == ("sources disagree: real engine not reproduced, "
                                       "simulator, GPU profiles reproduced")
+
+
+def test_the_report_labels_a_figure_of_its_own_rule_from_its_own_tables(tmp_path) -> None:
+    """The overhead figures: their claim module's line from the overhead tables; a figure of
+    an experiment: its row of ours.md; a table that is not there: said so."""
+    from feather.pipeline.report import figure_ours
+
+    pd.DataFrame([{"label": "SGLang 0.5.10 dfs-weight", "speedup": 812.5, "waiting": 1000,
+                   "prefix_tokens": 4096}]).to_parquet(tmp_path / "speedups.parquet")
+    ours = tmp_path / "ours.md"
+    ours.write_text("| figure | claim | paper | ours (this run) |\n|---|---|---|---|\n"
+                    "| c1_homogeneous_vs_mixed | C1 | 1.9x | 1.7x |\n")
+    outputs = b.RunOutputs(ours, tmp_path, (), tmp_path / "absent.json")
+    assert figure_ours("overhead_speedup", outputs) == (
+        "largest CHT speedup 812.5x over SGLang 0.5.10 dfs-weight (W=1,000, P=4,096 tokens)")
+    assert figure_ours("c1_homogeneous_vs_mixed", outputs) == "1.7x"
+    assert figure_ours("fidelity", outputs) == "the fidelity table was not made in this run"
+    assert figure_ours("kernels", outputs) == "no kernel results"

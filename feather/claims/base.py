@@ -156,6 +156,17 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class RunOutputs:
+    """Where a run's outputs are, for the report's labels: figures/ours.md, and the tables
+    of the experiments with rules of their own (None or absent: not made in this run)."""
+
+    ours_md: Path
+    overhead_dir: Path | None = None
+    kernel_files: tuple[Path, ...] = ()
+    fidelity_json: Path | None = None
+
+
+@dataclass(frozen=True)
 class FigureSpec:
     """A figure: its name (figures/<name>.png), what it shows and the paper's number for it
     (figures/README.md's index, the report's labels), and how it is drawn: `draw` from the
@@ -166,6 +177,8 @@ class FigureSpec:
     paper: str
     draw: Callable[..., None] | None = None
     drawn_by: str = ""
+    # the report's "ours" for a figure whose numbers are not a row of figures/ours.md
+    ours: Callable[[str, RunOutputs], str] | None = None
 
 
 @dataclass(frozen=True)

