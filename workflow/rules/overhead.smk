@@ -2,6 +2,7 @@
 # `overhead:` turns it on. SGLang's releases each get their own environment, built here by
 # pip (never by hand); one that cannot be built is reported as skipped and the run goes on.
 from feather.overhead.envs import lock_file
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 from feather.overhead.sweep import load_spec
 
 # What this stage plans (config.yaml `overhead:`, experiments/overhead.yaml).
@@ -34,6 +35,8 @@ rule overhead_env:
         lock=lambda wc: hashlib.sha256(lock_file(wc.env).read_bytes()).hexdigest(),
     log:
         "logs/overhead/env_{env}.log",
+    resources:
+        runtime=job_runtime("overhead_env"),
     conda:
         "../envs/feather.yaml"
     shell:
@@ -57,9 +60,9 @@ rule overhead_bench:
         "logs/overhead/bench.log",
     threads: all_cores  # alone on the machine: it measures CPU time
     resources:
-        # measured here: default sweep 1.5 GB peak RSS, 8 minutes; full ~15 GB, 15 minutes
+        # peak RSS measured here: default sweep 1.5 GB, full about 15 GB
         mem_mb=16000 if (OVERHEAD or {}).get("sweep") == "full" else 4000,
-        runtime=60 if (OVERHEAD or {}).get("sweep") == "full" else 30,
+        runtime=job_runtime("overhead_bench", (OVERHEAD or {}).get("sweep", "default")),
     shell:
         "{params.feather} overhead run --spec {input.spec:q} --sweep {params.sweep} "
         "{params.envs} --out {output.table:q} > {log:q} 2>&1"
@@ -85,6 +88,8 @@ rule overhead_report:
             for p in input.vllm),
     log:
         "logs/overhead/report.log",
+    resources:
+        runtime=job_runtime("overhead_report"),
     conda:
         "../envs/feather.yaml"
     shell:
@@ -108,6 +113,8 @@ rule sched_cost_refit:
         out_dir=lambda wc, output: str(Path(output[0]).parent),
     log:
         "logs/overhead/sched_cost_refit.log",
+    resources:
+        runtime=job_runtime("sched_cost_refit"),
     conda:
         "../envs/feather.yaml"
     shell:

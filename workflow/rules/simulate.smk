@@ -1,5 +1,6 @@
 # One simulated run: results/{hardware}/sim/{experiment}/{run}/ (trace, requests, the run's
 # spec, summary).
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 
 
 rule simulate:
@@ -24,6 +25,8 @@ rule simulate:
         hardware="[^/]+",
         experiment="[^/]+",
         run="[^/]+",
+    resources:
+        runtime=job_runtime("simulate"),
     conda:
         "../envs/feather.yaml"
     shell:

@@ -2,6 +2,7 @@
 # rule for every training job: an experiment's learners per device (results/<hw>/sim/rl/...)
 # and the transfer table a real engine deploys (results/<hw>/sim/rl-transfer/..., trained on
 # the simulator with that engine's limits; the real engine's runs are its evaluation).
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 
 
 rule train_learner:
@@ -23,6 +24,8 @@ rule train_learner:
         hardware="[^/]+",
         training="[^/]+",
         learner="feather-ucb|feather-qlearn",
+    resources:
+        runtime=job_runtime("train_learner"),
     conda:
         "../envs/feather.yaml"
     shell:

@@ -1,4 +1,5 @@
 # Workload files the experiments name (synthetic specs need no rule: they are built in place).
+from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
 
 
 rule leval_workload:
@@ -16,6 +17,8 @@ rule leval_workload:
     wildcard_constraints:
         options="[^_/]+",
         model="[^/]+",
+    resources:
+        runtime=job_runtime("leval_workload"),
     conda:
         "../envs/feather.yaml"
     shell:
@@ -33,6 +36,8 @@ rule longbench_format_archive:
         "logs/workloads/longbench-format__prefix={prefix}.log",
     wildcard_constraints:
         prefix="[0-9]+",
+    resources:
+        runtime=job_runtime("longbench_format_archive"),
     run:
         from feather.workloads.longbench_synthetic import prefix_groups
 
@@ -55,6 +60,8 @@ rule longbench_format_workload:
     wildcard_constraints:
         options="[^_/]+",
         model="[^/]+",
+    resources:
+        runtime=job_runtime("longbench_format_workload"),
     conda:
         "../envs/feather.yaml"
     shell:
@@ -82,6 +89,8 @@ rule load_workload:
         hardware="[^/]+",
         stem="[^/]+",
         factor="[0-9.]+",
+    resources:
+        runtime=job_runtime("load_workload"),
     conda:
         "../envs/feather.yaml"
     shell:
