@@ -24,7 +24,10 @@ from typing import Any
 
 import yaml
 
-TABLE = Path(__file__).resolve().parents[2] / "workflow" / "job_times.yaml"
+# the checkout this package runs from (an editable install, as install.sh makes it); else the
+# workflow's directory, where Snakemake runs from it
+_HERE = Path(__file__).resolve().parents[2] / "workflow" / "job_times.yaml"
+TABLE = _HERE if _HERE.is_file() else Path("workflow") / "job_times.yaml"
 DEFAULT_VARIANT = "default"
 # An engine job that has no entry of its own (a new experiment entry): the table's fallback
 # for its device.
