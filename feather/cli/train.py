@@ -15,6 +15,7 @@ from feather.cli.common import (
 from feather.cli_values import seeds
 from feather.engine_limits import ENGINE_MODES
 from feather.kernels.plan import KERNELS
+from feather.policies.registry import LEARNERS
 
 # what a training job is, given as flags; --spec gives all of it instead
 TRAIN_FLAGS = ("learner", "train_workload", "hardware", "model")
@@ -89,7 +90,13 @@ def register(commands: Any) -> None:
     tr = commands.add_parser(
         "train", help="train a learned Feather policy on the simulator, then evaluate it frozen"
     )
-    tr.add_argument("--learner", choices=["feather-ucb", "feather-qlearn"])
+    tr.add_argument(
+        "--learner",
+        choices=LEARNERS,
+        help="feather-ucb / feather-qlearn: asked at every group change, a STOP held until the "
+        "running groups change, credited over the batch it formed (the paper's reading); "
+        "*-kernel-gated: asked only where the kernel reads a batch's common prefix once",
+    )
     tr.add_argument(
         "--train-workload",
         action="append",

@@ -44,10 +44,17 @@ shared depth is 0, so delta = 0 and every decision is a forced ADD. Every Feathe
 learning or not - then admits exactly what FCFS admits, in the same order, and stops where
 FCFS stops (limits and refusals are handled by `AdmissionPolicy` for all policies alike).
 
+The gate above is `FeatherPolicy`'s default (`consult="kernel"`), and feather-static's. The
+learners as registered are asked as the paper reads its policy instead (`consult="group"`:
+at every group change, whatever the kernel, with a STOP that holds until the running groups
+change, `stop_holds="group-change"`); their kernel-gated variants keep the gate
+(`learned.py`).
+
 The rules: `feather-static` (thresholds), `feather-nostop` and `feather-reference` in
 `static_rules.py`; `feather-ucb` (contextual bandit) and `feather-qlearn` (tabular Q-learning)
 in `learned.py`, learning online and saving to / loading from a small JSON file (tables:
-`learning.py`).
+`learning.py`), and their kernel-gated variants `feather-ucb-kernel-gated` and
+`feather-qlearn-kernel-gated`.
 """
 
 from __future__ import annotations
@@ -105,18 +112,20 @@ class FeatherPolicy(AdmissionPolicy):
             L-Eval) saves too little prefill to make the oldest wait: under Poisson load at 0.9x
             FCFS's capacity (whole L-Eval, A100) letting such sharers pass made the longest
             wait 24.5 s against FCFS's 5.7 s.
-        consult: when the rule is asked - "kernel" (default: b >= 2, delta > 0 and only where
-            the engine's kernel reads the batch's common prefix once), "every" (the paper's
-            reading: at every candidate the CHT offers once a batch has begun, b = 1 and
-            mixed running sets included, forced ADD only where no two requests in the tree
-            share a chunk - C6's guarantee), "group" (as "every", but only where the candidate
-            changes the running set's prefix groups: it cuts the shared prefix (delta > 0) or
-            opens a group that does not run yet; joining a running group loses nothing, so
-            it is a forced ADD), "always" (b >= 2 and delta > 0, whatever the
-            kernel) or "never" (Feather without STOP: the CHT's order, every decision ADD).
-        stop_holds: "step" (the default, the paper's reading: a STOP holds the candidate back
-            for this step; the next step asks again) or "group-change" (ours: a STOP stops
-            growing the batch - until a prefix group starts or stops running, every candidate
+        consult: when the rule is asked - "kernel" (the default here and feather-static's:
+            b >= 2, delta > 0 and only where the engine's kernel reads the batch's common
+            prefix once), "every" (the paper's reading: at every candidate the CHT offers
+            once a batch has begun, b = 1 and mixed running sets included, forced ADD only
+            where no two requests in the tree share a chunk - C6's guarantee), "group" (the
+            learners' default: as "every", but only where the candidate changes the running
+            set's prefix groups: it cuts the shared prefix (delta > 0) or opens a group that
+            does not run yet; joining a running group loses nothing, so it is a forced ADD),
+            "always" (b >= 2 and delta > 0, whatever the kernel) or "never" (Feather without
+            STOP: the CHT's order, every decision ADD).
+        stop_holds: "step" (the default here and feather-static's: a STOP holds the
+            candidate back for this step; the next step asks again) or "group-change" (the
+            learners' default: the paper's STOP, dispatch the batch as it is, kept until the
+            batch changes - until a prefix group starts or stops running, every candidate
             that would cut the shared prefix or open a group is held back without asking the
             rule, so one decision is one choice between the homogeneous batch and the mixed
             one, which a learner's lifetime window then judges; candidates that join a

@@ -1,6 +1,22 @@
 """The learning Feather rules: `feather-ucb` (a contextual bandit) and `feather-qlearn` (tabular
 Q-learning) over `FeatherPolicy`, learning online from the throughput a decision earned and
-saved to / loaded from a small JSON file (tables and state buckets: `learning.py`)."""
+saved to / loaded from a small JSON file (tables and state buckets: `learning.py`).
+
+As registered they follow the paper's reading of its RL policy (`LEARNER_DEFAULTS`): the rule
+is asked at every group change once the tree holds any sharing (`consult="group"`: a
+candidate that cuts the batch's shared prefix or opens a prefix group), a STOP dispatches the
+batch as it is and holds until a prefix group starts or stops running
+(`stop_holds="group-change"`), and a decision is credited with the decode throughput of the
+batch it formed (`reward_window="lifetime"`). That needs nothing of the kernel, so a learner
+trained with the defaults on any kernel visits states and learns.
+
+`feather-ucb-kernel-gated` and `feather-qlearn-kernel-gated` are the earlier rule, kept as
+labelled variants (`KERNEL_GATED`): asked only where b >= 2, delta > 0 and the engine's kernel
+reads the batch's common prefix once (cascade attention), a STOP holding for one step, the
+decisions of a step credited until the next step that decides. Under a kernel that reads
+every request's own KV (paged, vllm-cpu, SGLang's) they are never asked, so they learn
+nothing there (0 states). docs/stop.md measures both.
+"""
 
 
 from __future__ import annotations
@@ -100,17 +116,30 @@ REWARD_SIGNALS = ("decode", "all-steps", "one-step")
 REWARD_WINDOWS = ("until-next", "horizon", "lifetime")
 LIFETIME_MAX_STEPS = 4096
 
+# How the registered learners are asked, hold a STOP and are credited: the paper's reading
+# (module docstring); experiments/rl.yaml trains with these
+LEARNER_DEFAULTS = {"consult": "group", "stop_holds": "group-change", "reward_window": "lifetime"}
+# the kernel-gated variants' (`feather-ucb-kernel-gated`, `feather-qlearn-kernel-gated`)
+KERNEL_GATED = {"consult": "kernel", "stop_holds": "step", "reward_window": "until-next"}
+
 
 class FeatherLearningPolicy(FeatherPolicy):
     """A Feather policy whose rule is a table learned online from decode throughput.
 
     The decisions of a step are credited with the decode throughput of the batch they formed:
-    tokens / seconds over the steps that follow without prefill, up to the next step that
-    takes decisions or `reward_horizon` steps, whichever comes first. A window with no
-    prefill-free step gives no reward (no evidence). Prefill is left out because both actions
-    pay it: ADD now, STOP later, when the held-back requests are admitted; counting it would
-    charge every ADD for work a STOP only postpones. For Q-learning, a decision's next state is
-    the next decision's state (the same step's, or the next window's first).
+    tokens / seconds over the steps that follow without prefill, for as long as the window
+    lasts (`reward_window`; by default the batch's lifetime: until a prefix group starts or
+    stops running). A window with no prefill-free step gives no reward (no evidence). Prefill
+    is left out because both actions pay it: ADD now, STOP later, when the held-back requests
+    are admitted; counting it would charge every ADD for work a STOP only postpones. For
+    Q-learning, a decision's next state is the next decision's state (the same step's, or the
+    next window's first).
+
+    Defaults: the paper's reading (`LEARNER_DEFAULTS`, module docstring): `consult="group"`,
+    `stop_holds="group-change"`, `reward_window="lifetime"` - not FeatherPolicy's kernel-gated
+    `consult="kernel"` and one-step STOP, under which a learner on a kernel that reads every
+    request's own KV is never asked and learns nothing. The kernel-gated learners are
+    registered apart (`FeatherUCBKernelGatedPolicy`, `FeatherQLearningKernelGatedPolicy`).
 
     Parameters (besides FeatherPolicy's):
         frozen: act greedily and never update (a policy trained elsewhere, deployed); a state
@@ -120,8 +149,11 @@ class FeatherLearningPolicy(FeatherPolicy):
             which reads a batch's common prefix once, or one that reads each request's KV).
         policy_file: load the table from this JSON file (see `save`); its bucket edges,
             learner parameters and decision rule (`consult`, `stop_holds`) replace the ones
-            given here, so a table runs as it was trained.
-        reward_horizon: at most this many steps are credited to one step's decisions.
+            given here, so a table runs as it was trained (a file saved before the rule was
+            recorded keeps the `consult` given here, and its STOPs held for one step: holding
+            came with the record).
+        reward_horizon: with the "lifetime" window, at least this many steps are credited to
+            one step's decisions; with the others, at most this many.
         reward_scale_tok_s: divide throughput by this; None = by the highest throughput (of
             the same signal) seen so far.
         reward_signal: "decode" (the paper's: the window's prefill-free steps) or "all-steps"
@@ -129,15 +161,16 @@ class FeatherLearningPolicy(FeatherPolicy):
             the prefill it admits and STOP for none until the held-back requests come in) -
             the alternative measured against the paper's in docs/stop.md; or "one-step" (the
             public vLLM branch's reference reward: the next step's batch size over its time).
-        reward_window: "until-next" (a window ends at the next step that takes decisions:
-            where decisions come every step, as when the rule is asked at every candidate,
-            each is judged on one step), "horizon" (every window runs `reward_horizon`
-            steps whatever later decisions do; the windows overlap) or "lifetime" (a window
-            runs `reward_horizon` steps and then on while the running set holds the same
-            prefix groups: a STOP is judged on the homogeneous batch it kept, an ADD that
-            opened a group on the mixed batch it made, each until a group starts or drains;
-            the minimum keeps an ADD from being judged only on its own prefill when the next
-            group opens a step later; `LIFETIME_MAX_STEPS` bounds it).
+        reward_window: "lifetime" (the default: a window runs `reward_horizon` steps and
+            then on while the running set holds the same prefix groups: a STOP is judged on
+            the homogeneous batch it kept, an ADD that opened a group on the mixed batch it
+            made, each until a group starts or drains; the minimum keeps an ADD from being
+            judged only on its own prefill when the next group opens a step later;
+            `LIFETIME_MAX_STEPS` bounds it), "until-next" (the kernel-gated variants': a
+            window ends at the next step that takes decisions; where decisions come every
+            step, as when the rule is asked at every candidate, each is judged on one step)
+            or "horizon" (every window runs `reward_horizon` steps whatever later decisions
+            do; the windows overlap).
         buckets: state bucket edges, `{"batch": [...], "delta_tokens": [...], "w": [...]}`,
             optionally `"groups": [...]` (distinct prefix groups running) and `"joins": true`
             (whether the candidate joins a running group), see `StateBuckets`.
@@ -155,17 +188,17 @@ class FeatherLearningPolicy(FeatherPolicy):
         chunk_size: int = 16,
         max_bypass: int | None = 1000,
         candidate_order: str = "deepest",
-        consult: str = "kernel",
+        consult: str = LEARNER_DEFAULTS["consult"],
         min_share_tokens: int = 256,
         frozen: bool = False,
         policy_file: str | Path | None = None,
         reward_horizon: int = 16,
         reward_scale_tok_s: float | None = None,
         reward_signal: str = "decode",
-        reward_window: str = "until-next",
+        reward_window: str = LEARNER_DEFAULTS["reward_window"],
         buckets: dict[str, Any] | None = None,
         confidence: float = 0.0,
-        stop_holds: str = "step",
+        stop_holds: str = LEARNER_DEFAULTS["stop_holds"],
     ) -> None:
         super().__init__(
             seed=seed,
@@ -373,7 +406,9 @@ class FeatherLearningPolicy(FeatherPolicy):
         self._known = None
         self.updates = int(data.get("updates", 0))
         self.trained_on = data.get("trained_on")
-        decision = data.get("decision", {})  # files saved before it: the constructor's
+        # files saved before the rule was recorded: the constructor's consult, and a STOP
+        # that held for one step (held STOPs came with the record)
+        decision = data.get("decision", {"stop_holds": "step"})
         consult = decision.get("consult", self.consult)
         stop_holds = decision.get("stop_holds", self.stop_holds)
         if consult not in CONSULT or stop_holds not in STOP_HOLDS:
@@ -479,3 +514,43 @@ class FeatherQLearningPolicy(FeatherLearningPolicy):
             if name in params:
                 setattr(self.table, name, float(params[name]))
         self.table.decisions = int(params.get("decisions", self.table.decisions))
+
+
+class FeatherUCBKernelGatedPolicy(FeatherUCBPolicy):
+    """`feather-ucb` under the kernel-gated rule (`KERNEL_GATED`): asked only where b >= 2,
+    delta > 0 and the engine's kernel reads the batch's common prefix once; a STOP holds for
+    one step; a step's decisions credited until the next step that decides. Any of the three
+    may still be given."""
+
+    name = "feather-ucb-kernel-gated"
+
+    def __init__(
+        self,
+        *,
+        consult: str = KERNEL_GATED["consult"],
+        stop_holds: str = KERNEL_GATED["stop_holds"],
+        reward_window: str = KERNEL_GATED["reward_window"],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            consult=consult, stop_holds=stop_holds, reward_window=reward_window, **kwargs
+        )
+
+
+class FeatherQLearningKernelGatedPolicy(FeatherQLearningPolicy):
+    """`feather-qlearn` under the kernel-gated rule (`KERNEL_GATED`), as
+    `FeatherUCBKernelGatedPolicy`."""
+
+    name = "feather-qlearn-kernel-gated"
+
+    def __init__(
+        self,
+        *,
+        consult: str = KERNEL_GATED["consult"],
+        stop_holds: str = KERNEL_GATED["stop_holds"],
+        reward_window: str = KERNEL_GATED["reward_window"],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            consult=consult, stop_holds=stop_holds, reward_window=reward_window, **kwargs
+        )

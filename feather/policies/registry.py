@@ -24,10 +24,25 @@ _BUILTIN: dict[str, str] = {
     "feather-static": "feather.policies.static_rules:FeatherStaticPolicy",
     "feather-nostop": "feather.policies.static_rules:FeatherNoStopPolicy",
     "feather-reference": "feather.policies.static_rules:FeatherReferencePolicy",
+    # the learners under the paper's reading (asked at every group change, a STOP held until
+    # the running groups change, credited over the batch a decision formed: learned.py)
     "feather-ucb": "feather.policies.learned:FeatherUCBPolicy",
     "feather-qlearn": "feather.policies.learned:FeatherQLearningPolicy",
+    # the same learners under the kernel-gated rule (asked only where the kernel reads the
+    # batch's common prefix once, a STOP for one step, credited until the next decision)
+    "feather-ucb-kernel-gated": "feather.policies.learned:FeatherUCBKernelGatedPolicy",
+    "feather-qlearn-kernel-gated": "feather.policies.learned:FeatherQLearningKernelGatedPolicy",
     "batches": "feather.policies.fixed_batches:FixedBatchesPolicy",
 }
+
+# the learners `feather train` trains: each learner under the paper's reading, then each under
+# the kernel-gated rule
+LEARNERS = (
+    "feather-ucb",
+    "feather-qlearn",
+    "feather-ucb-kernel-gated",
+    "feather-qlearn-kernel-gated",
+)
 
 
 class UnknownSchedulerError(ValueError):

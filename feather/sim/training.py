@@ -27,10 +27,10 @@ from typing import Any
 
 from feather.policies import create_engine_policy
 from feather.policies.learned import FeatherLearningPolicy
+from feather.policies.registry import LEARNERS  # what `train` trains
 from feather.sim.run import SimulationSpec, simulate
 from feather.workloads import Workload, load_workload
 
-LEARNERS = ("feather-ucb", "feather-qlearn")
 CONVERGENCE_RUNS = 3  # K: greedy actions unchanged over the last K training runs
 
 
