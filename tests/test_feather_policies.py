@@ -268,6 +268,9 @@ def _toy_episodes(policy, episodes: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("name", ["feather-ucb", "feather-qlearn"])
 def test_learners_converge_to_the_better_arm_on_a_toy_reward(name: str, tmp_path) -> None:
+    """One-step toy episodes: the kernel-gated rule (asked at every candidate of a kernel that
+    reads a common prefix once, credited until the next decision) is the one they fit."""
+    name = f"{name}-kernel-gated"
     policy = make(name, seed=3)
     _toy_episodes(policy, 150)
     # Mixing: 20 tokens / 4 s = 5 tok/s; stopping at one group: 10 tokens / 1 s.

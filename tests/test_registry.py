@@ -41,6 +41,8 @@ def test_every_registered_name_builds_its_policy() -> None:
         "feather-reference",
         "feather-ucb",
         "feather-qlearn",
+        "feather-ucb-kernel-gated",
+        "feather-qlearn-kernel-gated",
         "batches",
     ]
     for name in scheduler_names():

@@ -100,6 +100,8 @@ def test_every_registered_scheduler_declares_its_kind() -> None:
         "feather-reference": SchedCostKind.CHT,
         "feather-ucb": SchedCostKind.CHT,
         "feather-qlearn": SchedCostKind.CHT,
+        "feather-ucb-kernel-gated": SchedCostKind.CHT,
+        "feather-qlearn-kernel-gated": SchedCostKind.CHT,
         "batches": SchedCostKind.PLAN,
     }
 

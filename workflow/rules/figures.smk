@@ -42,14 +42,16 @@ rule our_numbers:
         fidelity=FIDELITY_TARGETS[:1],  # results/fidelity/fidelity.csv, where it runs
     output:
         "figures/ours.md",
+    params:
+        sections=lambda wc, input: list(input.sections),
+        fidelity_path=lambda wc, input: input.fidelity[0] if input.fidelity else None,
     log:
         "logs/figures/ours.log",
     run:
         from feather.pipeline.our_numbers import write_ours
 
-        with logged_to(log[0]):
-            write_ours(input.table, input.reports, output[0], EXPERIMENTS, input.sections,
-                       input.fidelity[0] if input.fidelity else None)
+        with logged_to(log[0]):  # params are write_ours' keyword arguments
+            write_ours(input.table, input.reports, output[0], EXPERIMENTS, **params)
 
 
 rule figure_index:
