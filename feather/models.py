@@ -182,6 +182,28 @@ for _profile in (
         vocab_size=32_000,
         intermediate_size=1024,
     ),
+    # Not a published model: a 2-layer, 640-wide body (kv-llama's, widened to a multiple of
+    # the 40 heads, as transformers' config requires) with LongChat-13B's attention
+    # (multi-head, 40 KV heads of 128: five times kv-llama's KV per token and layer), so one
+    # document's KV outgrows a CPU's caches at 2K-4K-token prefixes, where kv-llama needs
+    # 12K-20K (experiments/stop.yaml's cascade_16k) and prefill costs a fraction of that.
+    ModelProfile(
+        "kv-longchat",
+        2,
+        640,
+        40,
+        40,
+        128,
+        16_384,
+        2
+        * (
+            2 * 32_000 * 640
+            + 2 * (4 * 640 * 5120 + 3 * 640 * 1280)
+        ),
+        "feather: a 2-layer body with LongChat-13B's 40 KV heads of 128, KV-bound on a CPU",
+        vocab_size=32_000,
+        intermediate_size=1280,
+    ),
 ):
     register_model(_profile)
 
