@@ -14,7 +14,8 @@ def package(tmp: Path) -> Path:
     for name, text in {
         "sim/engine.py": "STEP = 1\n",
         "sim/data/costs.json": "{}",
-        "pipeline/figures.py": "TITLE = 'a'\n",
+        "pipeline/verdicts.py": "RULE = 'a'\n",
+        "claims/c1.py": "TITLE = 'a'\n",
         "sim/__pycache__/engine.cpython-311.pyc": "bytes",
         "README.txt": "not code",
     }.items():
@@ -27,10 +28,12 @@ def test_the_run_digest_follows_the_code_and_data_runs_execute(tmp_path) -> None
     root = package(tmp_path)
     before = run_code_digest(root)
     assert run_code_digest(root) == before  # stable
-    (root / "pipeline/figures.py").write_text("TITLE = 'b'\n")
+    (root / "pipeline/verdicts.py").write_text("RULE = 'b'\n")
+    (root / "claims/c1.py").write_text("TITLE = 'b'\n")
     (root / "README.txt").write_text("changed")
     (root / "sim/__pycache__/engine.cpython-311.pyc").write_text("other bytes")
-    assert run_code_digest(root) == before  # figure code, docs and caches rerun nothing
+    # the claims' figure and verdict code, the workflow's own, docs and caches rerun nothing
+    assert run_code_digest(root) == before
     (root / "sim/data/costs.json").write_text('{"a": 1}')
     after_data = run_code_digest(root)
     assert after_data != before
@@ -55,7 +58,7 @@ def recomputed_run_digest(root: Path) -> str:
         if path.is_file()
         and path.suffix in (".py", ".json")
         and "__pycache__" not in path.parts
-        and path.relative_to(root).parts[0] not in ("pipeline", "overhead")
+        and path.relative_to(root).parts[0] not in ("pipeline", "claims", "overhead")
     )
     digest = hashlib.sha256()
     for name, path in files:
@@ -73,8 +76,8 @@ def test_the_installed_package_digest_is_the_digest_of_its_code(tmp_path) -> Non
     copy = Path(shutil.copytree(root, tmp_path / "feather", ignore=shutil.ignore_patterns(
         "__pycache__")))  # fmt: skip
     assert run_code_digest(copy) == digest  # the files, not their location, make the digest
-    (copy / "pipeline" / "figures.py").write_text("# figures only\n")
-    assert run_code_digest(copy) == digest  # figure code reruns no simulation
+    (copy / "claims" / "c1.py").write_text("# figures and a verdict only\n")
+    assert run_code_digest(copy) == digest  # a claim's figure and verdict rerun no simulation
     engine = copy / "sim" / "engine.py"
     engine.write_bytes(engine.read_bytes() + b"\n")
     assert run_code_digest(copy) not in (digest, recomputed_run_digest(root))

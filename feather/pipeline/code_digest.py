@@ -33,8 +33,9 @@ def source_digest(include: Iterable[str], exclude: Iterable[str] = (), root: Pat
 
 def run_code_digest(root: Path = PACKAGE) -> str:
     """What simulated and real-engine runs and training execute: the package, less the
-    workflow's own expansion, aggregation and figure code and the overhead experiment's."""
-    return source_digest(["."], exclude=("pipeline", "overhead"), root=root)
+    workflow's own expansion and aggregation, the claims' figure and verdict code, and the
+    overhead experiment's (a new figure or grading rule reruns no simulation)."""
+    return source_digest(["."], exclude=("pipeline", "claims", "overhead"), root=root)
 
 
 def overhead_code_digest(root: Path = PACKAGE) -> str:
