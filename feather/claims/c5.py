@@ -51,9 +51,14 @@ def draw_c5_end_to_end(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> 
     engine mode) and output regime; shuffled bars average the order seeds (whiskers)."""
     data = c5t.with_ratios(c5t.offline(table, "c5"))
     families = data.workload_family.nunique() > 1  # the full sweep: name each workload
+    # each scheduling-cost model its own panel: a bar averages order seeds, never cost models
+    cost = data.get("sched_cost_model", pd.Series(None, index=data.index))
+    data["cost"] = cost.astype(object).fillna(DEFAULT_COST).astype(str)
+    costs = data.cost.nunique() > 1
     data["setting"] = [
         (f"{r.workload_family}\n" if families else "") + f"{r.hardware} / {r.model}"
         + (" / SGLang mode" if r.engine_mode == "sglang" else "")
+        + (f" / cost {r.cost}" if costs else "")
         for r in data.itertuples()
     ]
     seeds = data[data.arrival_order == "shuffled"].order_seed.nunique()
