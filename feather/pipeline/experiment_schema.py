@@ -17,7 +17,7 @@ SCHEMA_PATH = REPO / "workflow" / "schemas" / "experiment.schema.yaml"
 def name_lists() -> dict[str, list[str]]:
     """The schema's `enum_from` lists: each owned by one module, written nowhere else."""
     from feather.engine_limits import ENGINE_MODES
-    from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES
+    from feather.engines.runs import ATTENTION_CHOICES, CASCADE_CHOICES, PREFIX_CACHE_CHOICES
     from feather.engines.selection import ENGINES
     from feather.kernels.plan import KERNELS
     from feather.sim.sched_measured import COST_MODELS
@@ -29,6 +29,7 @@ def name_lists() -> dict[str, list[str]]:
         "engines": list(ENGINES),
         "cascade": list(CASCADE_CHOICES),
         "attention": list(ATTENTION_CHOICES),
+        "prefix_cache": list(PREFIX_CACHE_CHOICES),
     }
 
 

