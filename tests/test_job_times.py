@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 RULE_FILES = [*sorted((REPO / "workflow" / "rules").glob("*.smk")), REPO / "Snakefile"]
 # rules that declare no run time (they take the cluster profile's default): figures.smk's
 # figures and pages, and the target rule
-NO_RUNTIME = {"figure", "rl_figure", "our_numbers", "figure_index", "verdicts", "jobs_check",
+NO_RUNTIME = {"figure", "report_figure", "our_numbers", "figure_index", "verdicts", "jobs_check",
               "report_page", "all"}
 FULL = {
     "engine_runs": {"sweep": "full"},

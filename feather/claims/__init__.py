@@ -22,7 +22,8 @@ import pandas as pd
 
 from feather.claims.base import Claim, FigureSpec
 
-_NOT_CLAIMS = ("base", "data", "plot")  # the modules the claims share
+# the modules the claims share, and rl_engine (the RL claim's real-engine part)
+_NOT_CLAIMS = ("base", "data", "plot", "rl_engine")
 
 
 def _discover() -> tuple[Claim, ...]:
@@ -64,16 +65,24 @@ def for_experiment(name: str) -> Claim | None:
 
 def draw(name: str, table_path: str | Path | None, out: str | Path, meta: dict[str, Any],
          reports: Iterable[str | Path] = ()) -> None:
-    """Draw one figure from the summary table (the rl figure: from its training reports)."""
+    """Draw one figure from the summary table (the learners' figures: from their reports)."""
     spec = figures().get(name)
     if spec is None or spec.draw is None:
         raise ValueError(f"figure {name!r} has no drawer in feather/claims "
                          f"({'drawn by ' + spec.drawn_by if spec else 'not declared'})")
-    if name == "rl_policies":
+    if spec.from_reports:
         spec.draw(list(reports), out, meta)
         return
     spec.draw(pd.read_parquet(table_path), Path(out), meta)
 
 
+def report_figures() -> list[str]:
+    """The figures drawn from the learners' reports (the rule `report_figure` draws them)."""
+    return [name for name, spec in figures().items() if spec.from_reports]
+
+
 def load_reports(paths: Iterable[str | Path]) -> tuple[dict[str, Any], ...]:
-    return tuple(json.loads(Path(p).read_text()) for p in paths)
+    """The learners' reports; a failed training job's record (job_status) is left out."""
+    from feather.pipeline.job_status import failed
+
+    return tuple(json.loads(Path(p).read_text()) for p in paths if not failed(Path(p)))

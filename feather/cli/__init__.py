@@ -9,7 +9,17 @@ import sys
 from collections.abc import Sequence
 
 import feather
-from feather.cli import bench, calibrate, run, schedulers, simulate, train, vllm, workload
+from feather.cli import (
+    bench,
+    calibrate,
+    run,
+    schedulers,
+    simulate,
+    train,
+    train_engine,
+    vllm,
+    workload,
+)
 from feather.cli.common import _input_errors, _Parser
 
 
@@ -34,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         workload.register,
         simulate.register,
         train.register,
+        train_engine.register,
         run.register,
         calibrate.register,
     ):

@@ -204,6 +204,10 @@ class Experiment:
     training_jobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     # load= workload file -> (its base workload file, the capacity run's summary.json)
     load_workloads: dict[str, tuple[str, str]] = field(default_factory=dict)
+    engine_training: dict[str, Any] | None = None  # the file's `engine_training` section
+    # learners trained inside a real engine: results/<hw>/<engine>/<experiment> ->
+    # {regime: its `feather train --engine` spec} (`engine_training_jobs`)
+    engine_training_jobs: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 def load_experiment(path: str | Path) -> Experiment:
@@ -248,7 +252,20 @@ def load_experiment(path: str | Path) -> Experiment:
         description=data.get("description", ""),
         training=data.get("training"),
         engine_templates=list(data.get("engine_runs") or []),
+        engine_training=_resolved_engine_training(data.get("engine_training")),
     )
+
+
+def _resolved_engine_training(section: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`engine_training` with each regime's `{l2_prefix}` filled in for this machine."""
+    if section is None:
+        return None
+    regimes = {
+        name: {**regime, **{key: resolve_host_placeholders(regime[key])
+                            for key in ("workload", "eval_workload") if key in regime}}
+        for name, regime in section["regimes"].items()
+    }
+    return {**section, "regimes": regimes}
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -425,6 +442,68 @@ def training_specs(experiment: Experiment, config: dict[str, Any]) -> dict[str, 
     return specs
 
 
+def engine_training_jobs(
+    experiment: Experiment, config: dict[str, Any], engine_hosts: dict[str, str]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The `engine_training` section's jobs that run here: results/<hw>/<engine>/<experiment>
+    -> {regime: its spec (feather/engines/vllm/learning.py EngineTraining)}; where the engine
+    does not run here, the reason goes to `experiment.skipped`."""
+    from feather.engines.vllm.learning import BASELINES, ENGINE_TRAIN_FORMAT
+    from feather.models import model_names
+    from feather.policies import UnknownSchedulerError, resolve_scheduler
+
+    section = experiment.engine_training
+    if section is None:
+        return {}
+    where = f"{experiment.path}: engine_training"
+    for learner in section["learners"]:
+        try:
+            resolve_scheduler(learner)
+        except UnknownSchedulerError as exc:
+            raise ExperimentError(f"{where}: learners: {exc}") from None
+        _check_params(f"{where}.params.{learner}", learner,
+                      (section.get("params") or {}).get(learner, {}))
+    if set(section["train_seeds"]) & set(section["eval_seeds"]):
+        raise ExperimentError(f"{where}: eval_seeds and train_seeds overlap")
+    engine = section["engine"]
+    wanted = (config.get("engine_runs") or {}).get("sweep", "default")
+    if section.get("sweep", "default") == "full" and wanted != "full":
+        return {}
+    if engine not in config["engines"] or engine not in engine_hosts:
+        experiment.skipped.append(f"engine_training ({engine} cannot run here)")
+        return {}
+    device = "cpu" if engine_hosts[engine] == "cpu" else "gpu"
+    if section.get("device", "any") not in ("any", device):
+        experiment.skipped.append(f"engine_training (device: {section['device']}; {engine} "
+                                  f"runs on {device} here)")
+        return {}
+    specs = {}
+    for name, regime in section["regimes"].items():
+        _check_names(f"{where}.regimes.{name}", "model", [regime["model"]], model_names())
+        for key in ("workload", "eval_workload"):
+            if key in regime:
+                _check_workload(f"{where}.regimes.{name}.{key}", regime[key])
+                if "{seed}" not in regime[key]:
+                    raise ExperimentError(f"{where}.regimes.{name}.{key}: no {{seed}} in "
+                                          f"{regime[key]!r}: every seed would be one workload")
+        options = dict(regime["options"] or {})
+        if isinstance(options.get("attention"), list):
+            raise ExperimentError(f"{where}.regimes.{name}: one attention backend per regime")
+        specs[name] = {
+            "format": ENGINE_TRAIN_FORMAT,
+            "regime": name,
+            "setup": {"model": regime["model"], **options},
+            "learners": list(section["learners"]),
+            "train_workloads": [regime["workload"]],
+            "train_seeds": list(section["train_seeds"]),
+            "eval_workloads": [regime.get("eval_workload", regime["workload"])],
+            "eval_seeds": list(section["eval_seeds"]),
+            "params": {k: v for k, v in (section.get("params") or {}).items()},
+            "baselines": list(BASELINES),
+        }
+    return {f"results/{engine_hosts[engine]}/{engine}/{experiment.name}": specs}
+
+
 def _check_params(where: str, scheduler_class: str, params: dict[str, Any]) -> None:
     from feather.policies import check_scheduler_params
 
@@ -595,6 +674,7 @@ def expand(
     experiment.engine_batches = expand_engine_runs(
         experiment, config, available, engine_hosts or {}
     )
+    experiment.engine_training_jobs = engine_training_jobs(experiment, config, engine_hosts or {})
     experiment.skipped = sorted(set(experiment.skipped))
     return experiment
 

@@ -150,12 +150,13 @@ def write_verdicts(
     online_files: Iterable[str | Path] = (),
     not_planned: Iterable[str] = (),
     guarded: Iterable[str | Path] = (),
+    rl_reports: Iterable[str | Path] = (),
 ) -> list[Verdict]:
     """not_planned: what the configuration asked for and this run did not plan, with why;
     guarded: the outputs where a job that failed on this machine left its record
     (feather/pipeline/job_status.py)."""
     evidence = evidence_from(table_path, overhead_dir, kernel_files, fidelity_path,
-                             online_files)
+                             online_files, rl_reports)
     failed_jobs = failures(guarded)
     rows = with_failures(verdicts(evidence), failed_jobs)
     revision = ", ".join(map(str, evidence.table["git_revision"].dropna().unique())) or "unknown"

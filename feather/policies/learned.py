@@ -333,6 +333,15 @@ class FeatherLearningPolicy(FeatherPolicy):
         while windows and windows[0].steps(self._totals) >= horizon:
             self._credit(windows.popleft())
 
+    def end_episode(self) -> None:
+        """The run is over: credit every open window with the steps it saw (a window without
+        a prefill-free step stays uncredited, as in `_credit`) and close it, so that no
+        decision of this run is judged on the next run's steps - another workload, with the
+        engine's cache and clock in another state."""
+        while self._windows:
+            self._credit(self._windows.popleft())
+        self._step_decisions = []
+
     def _credit(self, window: _Window) -> None:
         next_key = window.next_key
         tokens, seconds = window.tokens_and_time(self.reward_signal, self._totals)

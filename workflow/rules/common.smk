@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from feather.claims import report_figures
 from feather.models import get_model, model_names
 from feather.overhead.figures import FIGURES as OVERHEAD_FIGURES
 from feather.pipeline.code_digest import (
@@ -200,6 +201,22 @@ SIM_SPECS = {out: run.run_spec(config) for out, run in RUNS.items()}
 TRAIN_SPECS = {out: spec for exp in EXPERIMENTS.values() for out, spec in exp.training_jobs.items()}
 
 
+# The learners trained inside a real engine (feather/engines/vllm/learning.py): each regime's
+# job spec by results/<hw>/<engine>/<experiment>, then regime.
+ENGINE_TRAIN_SPECS = {root: regimes for exp in EXPERIMENTS.values()
+                      for root, regimes in exp.engine_training_jobs.items()}
+ENGINE_TRAIN_REGIMES = sorted({r for regimes in ENGINE_TRAIN_SPECS.values() for r in regimes})
+ENGINE_TRAIN_LEARNERS = sorted({learner for regimes in ENGINE_TRAIN_SPECS.values()
+                                for spec in regimes.values() for learner in spec["learners"]})
+
+
+def engine_rl_reports():
+    """Every engine-trained learner's report (each job writes all its learners')."""
+    return [f"{root}/{learner}/{regime}/report.json"
+            for root, regimes in ENGINE_TRAIN_SPECS.items()
+            for regime in regimes for learner in ENGINE_TRAIN_LEARNERS]
+
+
 def sim_spec(wildcards):
     return SIM_SPECS[f"results/{wildcards.hardware}/sim/{wildcards.experiment}/{wildcards.run}"]
 
@@ -210,11 +227,12 @@ def summary_paths():
 
 
 def rl_reports():
+    """The learners' reports: trained on the simulator per device, and inside a real engine."""
     exp = EXPERIMENTS.get("rl")
-    if exp is None or exp.training is None:
-        return []
-    return [f"results/{hw}/sim/rl/{learner}/report.json"
-            for hw in exp.training["hardware"] for learner in exp.training["learners"]]
+    simulated = [] if exp is None or exp.training is None else [
+        f"results/{hw}/sim/rl/{learner}/report.json"
+        for hw in exp.training["hardware"] for learner in exp.training["learners"]]
+    return simulated + engine_rl_reports()
 
 
 def figure_names():

@@ -11,7 +11,7 @@ rule figure:
     log:
         "logs/figures/{name}.log",
     wildcard_constraints:
-        name="|".join(n for n in figure_names() if n != "rl_policies") or "no-figures",
+        name="|".join(n for n in figure_names() if n not in report_figures()) or "no-figures",
     run:
         from feather.claims import draw
 
@@ -19,19 +19,22 @@ rule figure:
             draw(wildcards.name, input.table, output[0], figure_meta(wildcards.name))
 
 
-rule rl_figure:
+rule report_figure:
+    """The learners' figures, drawn from their training reports (simulator and real engine)."""
     input:
         reports=rl_reports(),
     output:
-        report("figures/rl_policies.png", caption="../report/figure.rst", category="Figures",
-               labels=report_labels("rl_policies")),
+        report("figures/{name}.png", caption="../report/figure.rst", category="Figures",
+               labels=report_labels()),
     log:
-        "logs/figures/rl_policies.log",
+        "logs/figures/{name}.log",
+    wildcard_constraints:
+        name="|".join(report_figures()) or "no-figures",
     run:
         from feather.claims import draw
 
         with logged_to(log[0]):
-            draw("rl_policies", None, output[0], figure_meta("rl_policies"), input.reports)
+            draw(wildcards.name, None, output[0], figure_meta(wildcards.name), input.reports)
 
 
 rule our_numbers:
@@ -77,6 +80,7 @@ GUARDED_OUTPUTS = (
     + ([] if KERNEL_SWEEP == "off" else [f"results/{m}/kernels/kernels.json"
                                          for m in KERNEL_MACHINES])
     + [f"{job.out_dir}/online.json" for job in ONLINE_JOBS]
+    + engine_rl_reports()
 )
 
 
@@ -88,6 +92,7 @@ rule verdicts:
         kernels=(KERNEL_RESULTS + CPU_ATTN_RESULTS) if KERNEL_SWEEP != "off" else [],
         fidelity=FIDELITY_TARGETS[:1],  # results/fidelity/fidelity.csv, where it runs
         online=[f"{job.out_dir}/online.json" for job in ONLINE_JOBS],
+        reports=rl_reports(),
     output:
         "figures/verdicts.md",
     params:
@@ -95,6 +100,7 @@ rule verdicts:
         kernel_files=lambda wc, input: list(input.kernels),
         fidelity_path=lambda wc, input: input.fidelity[0] if input.fidelity else None,
         online_files=lambda wc, input: list(input.online),
+        rl_reports=lambda wc, input: list(input.reports),
         not_planned=NOT_PLANNED,
         guarded=GUARDED_OUTPUTS,  # where a failed job leaves its record
     log:

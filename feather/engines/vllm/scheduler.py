@@ -176,12 +176,15 @@ class _FeatherSchedulingMixin:
         seed: int = 0,
         groups: list[Any] | None = None,
         workload: Sequence[WorkloadRequest] | None = None,
+        policy: AdmissionPolicy | None = None,
     ) -> None:
         """Switch the admission policy (only while the engine holds no request) and start a
         fresh record: one engine start serves many runs. `groups[k]` is the prefix group of
         the k-th request added from now on (for the distinct-groups record). `workload`: the
         requests about to be added, in order, for a policy that plans over them (`batches`):
-        it is bound to them and told each one's engine id as it arrives."""
+        it is bound to them and told each one's engine id as it arrives. `policy`: an object
+        made by `new_policy` to run instead of a fresh one (a learner that goes on learning
+        from run to run); `scheduler` and `params` then only name it."""
         if self.requests:
             raise RuntimeError(
                 f"use_policy({scheduler!r}) while {len(self.requests)} request(s) are in the "
@@ -207,14 +210,7 @@ class _FeatherSchedulingMixin:
             self.policy, self._policy_queue = None, None
             self.waiting = self._native_waiting
             return
-        num_blocks = self.cache_config.num_gpu_blocks
-        self.policy = create_vllm_policy(
-            scheduler,
-            params,
-            block_size=self.hash_block_size,
-            cache_capacity_tokens=num_blocks * self.block_size if num_blocks else None,
-            seed=seed,
-        )
+        self.policy = policy if policy is not None else self.new_policy(scheduler, params, seed)
         self._policy_queue = PolicyWaitingQueue(self.policy, self._step_context)
         self.waiting = self._policy_queue
         if self.policy.plans_over_workload:
@@ -226,6 +222,20 @@ class _FeatherSchedulingMixin:
             self._plan_ids = [r.request_id for r in workload]
         if workload is not None:
             self.policy.bind_workload(workload)
+
+    def new_policy(
+        self, scheduler: str, params: dict[str, Any] | None = None, seed: int = 0
+    ) -> AdmissionPolicy:
+        """A policy as this engine configures it: chunks and radix pages are its blocks, the
+        radix ports mirror a cache of its KV pool's size."""
+        num_blocks = self.cache_config.num_gpu_blocks
+        return create_vllm_policy(
+            scheduler,
+            params,
+            block_size=self.hash_block_size,
+            cache_capacity_tokens=num_blocks * self.block_size if num_blocks else None,
+            seed=seed,
+        )
 
     def _step_context(self) -> StepContext:
         return StepContext(

