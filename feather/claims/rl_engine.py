@@ -30,6 +30,8 @@ from feather.claims.plot import save
 LEARNED_PAYS, NEAR_BEST, NEVER_WORSE = 1.1, 0.97, 0.99
 STOP_PAYS = 1.1  # feather-static over Feather without STOP: the regime where stopping pays
 BASELINE_ORDER = ("fcfs", "feather-nostop", "feather-static")
+# a report's kernel kind (learning._kernel) as the figure names it
+KERNEL_LABELS = {"cascade": "our cascade backend", "paged": "vLLM's own kernel"}
 
 
 def engine_reports(reports: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> list[dict]:
@@ -137,9 +139,10 @@ def draw_rl_engine(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any
         held.set_xticks(range(len(names)), [n.replace(" (frozen)", "\n(frozen)") for n in names],
                         fontsize=7)
         seeds = part[0]["evaluation"]["seeds"]
+        kernel = KERNEL_LABELS.get(part[0]["kernel"], part[0]["kernel"])
         held.set(ylabel="output throughput (tokens/s)",
                  title=f"{regime}: held out (seeds {', '.join(map(str, seeds))}), "
-                       f"{part[0]['model']}, {part[0]['kernel']} kernel")
+                       f"{part[0]['model']}, {kernel}")
         for report in part:
             history = report["training"]["history"]
             training = report["training"]
@@ -154,7 +157,8 @@ def draw_rl_engine(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any
             if name in values:
                 curve.axhline(float(np.median(values[name])), color="grey", ls=style, lw=0.8,
                               label=f"{name}, held out (median)")
-        curve.set(xlabel="training run (one per training seed)",
+        trained = list(dict.fromkeys(h["seed"] for h in part[0]["training"]["history"]))
+        curve.set(xlabel=f"training run (seeds {', '.join(map(str, trained))} in turn)",
                   ylabel="output throughput (tokens/s)", title=f"{regime}: learning in the engine")
         curve.legend(fontsize=6, loc="lower right")
     fig.suptitle(meta["title"] + " - learned inside real vLLM", wrap=True)
