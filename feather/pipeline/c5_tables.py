@@ -114,12 +114,8 @@ def pool_label(row: pd.Series) -> str:
     return text + " (hypothetical)" if bool(row.get("pool_hypothetical")) else text
 
 
-def order_label(order: object, seeds: int = 1) -> str:
-    if order == "grouped":
-        return "grouped (control)"
-    if order == "shuffled":
-        return f"shuffled ({seeds} seed{'s' if seeds != 1 else ''})"
-    return str(order)
+def order_label(order: object) -> str:
+    return "grouped (control)" if order == "grouped" else str(order)
 
 
 def output_label(regime: object) -> str:
