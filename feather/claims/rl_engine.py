@@ -115,7 +115,7 @@ def draw_rl_engine(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any
     seeds, whiskers min-max), and the learning runs' throughput, from the engine reports."""
     mine = engine_reports(reports)
     regimes = sorted({r["regime"] for r in mine})
-    fig, axes = plt.subplots(2, max(1, len(regimes)), figsize=(6.5 * max(1, len(regimes)), 8.0),
+    fig, axes = plt.subplots(2, max(1, len(regimes)), figsize=(6.5 * max(1, len(regimes)), 9.0),
                              squeeze=False)
     for column, regime in enumerate(regimes):
         part = [r for r in mine if r["regime"] == regime]
@@ -141,7 +141,7 @@ def draw_rl_engine(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any
         seeds = part[0]["evaluation"]["seeds"]
         kernel = KERNEL_LABELS.get(part[0]["kernel"], part[0]["kernel"])
         held.set(ylabel="output throughput (tokens/s)",
-                 title=f"{regime}: held out (seeds {', '.join(map(str, seeds))}), "
+                 title=f"{regime}: held out (seeds {', '.join(map(str, seeds))})\n"
                        f"{part[0]['model']}, {kernel}")
         for report in part:
             history = report["training"]["history"]
@@ -160,7 +160,7 @@ def draw_rl_engine(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any
         trained = list(dict.fromkeys(h["seed"] for h in part[0]["training"]["history"]))
         curve.set(xlabel=f"training run (seeds {', '.join(map(str, trained))} in turn)",
                   ylabel="output throughput (tokens/s)", title=f"{regime}: learning in the engine")
-        curve.legend(fontsize=6, loc="lower right")
+        curve.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
     fig.suptitle(meta["title"] + " - learned inside real vLLM", wrap=True)
     produced = ", ".join(sorted({r["produced_by"] for r in mine})) or "no engine reports"
     save(fig, out,
