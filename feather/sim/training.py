@@ -5,7 +5,9 @@
    throughput between rounds is learning, not a change of workload. Each run is paired with
    `feather-static` on the same workload and seed (the learning curve is their ratio). After
    every run the greedy action of every state seen so far is recorded: the table has
-   converged when no visited state's greedy action changed over the last K runs.
+   converged when no visited state's greedy action changed over the last K runs. A run's
+   last decisions are credited with its own steps when it ends (`end_episode`), never with
+   the next run's.
 2. Freeze: the saved table is loaded with `frozen=True` (greedy, no updates); its file's
    SHA-256 is recorded in the provenance of every run that uses it.
 3. Evaluate: frozen learner, `feather-static`, `feather-reference` and FCFS run the held-out
@@ -101,6 +103,7 @@ def train(
             spec = replace(base, workload=workload_spec, scheduler=learner, seed=seed)
             decisions_before = policy.decisions_taken
             result = simulate(spec, workload=workload, policy=policy)
+            policy.end_episode()  # this run's last decisions judged on this run's steps
             static = _throughput(spec, workload, scheduler="feather-static", scheduler_params={})
             tok_s = result.summary["output_tok_s"]
             greedy = {k: v["action"] for k, v in policy.greedy_policy().items()}
