@@ -525,41 +525,32 @@ class FeatherQLearningPolicy(FeatherLearningPolicy):
         self.table.decisions = int(params.get("decisions", self.table.decisions))
 
 
-class FeatherUCBKernelGatedPolicy(FeatherUCBPolicy):
-    """`feather-ucb` under the kernel-gated rule (`KERNEL_GATED`): asked only where b >= 2,
+class _KernelGated:
+    """A learner under the kernel-gated rule (`KERNEL_GATED`): asked only where b >= 2,
     delta > 0 and the engine's kernel reads the batch's common prefix once; a STOP holds for
     one step; a step's decisions credited until the next step that decides. Any of the three
     may still be given."""
 
+    def __init__(
+        self,
+        *,
+        consult: str = KERNEL_GATED["consult"],
+        stop_holds: str = KERNEL_GATED["stop_holds"],
+        reward_window: str = KERNEL_GATED["reward_window"],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(  # type: ignore[call-arg]
+            consult=consult, stop_holds=stop_holds, reward_window=reward_window, **kwargs
+        )
+
+
+class FeatherUCBKernelGatedPolicy(_KernelGated, FeatherUCBPolicy):
+    """`feather-ucb` under the kernel-gated rule (`_KernelGated`)."""
+
     name = "feather-ucb-kernel-gated"
 
-    def __init__(
-        self,
-        *,
-        consult: str = KERNEL_GATED["consult"],
-        stop_holds: str = KERNEL_GATED["stop_holds"],
-        reward_window: str = KERNEL_GATED["reward_window"],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            consult=consult, stop_holds=stop_holds, reward_window=reward_window, **kwargs
-        )
 
-
-class FeatherQLearningKernelGatedPolicy(FeatherQLearningPolicy):
-    """`feather-qlearn` under the kernel-gated rule (`KERNEL_GATED`), as
-    `FeatherUCBKernelGatedPolicy`."""
+class FeatherQLearningKernelGatedPolicy(_KernelGated, FeatherQLearningPolicy):
+    """`feather-qlearn` under the kernel-gated rule (`_KernelGated`)."""
 
     name = "feather-qlearn-kernel-gated"
-
-    def __init__(
-        self,
-        *,
-        consult: str = KERNEL_GATED["consult"],
-        stop_holds: str = KERNEL_GATED["stop_holds"],
-        reward_window: str = KERNEL_GATED["reward_window"],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            consult=consult, stop_holds=stop_holds, reward_window=reward_window, **kwargs
-        )
