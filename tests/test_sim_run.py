@@ -8,9 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from feather.cli import main
+from feather.learning_progress import convergence
 from feather.policies import UnknownSchedulerError
 from feather.sim.run import SimulationSpec, simulate, write_run
-from feather.sim.training import _convergence, evaluate, train
+from feather.sim.training import evaluate, train
 
 SMALL = "synthetic:groups=4,per_group=12,prefix=1024,suffix=32,output=24,order=shuffled,seed=1"
 NUMBERS = (
@@ -187,12 +188,12 @@ def test_convergence_tells_a_changed_action_from_a_newly_found_state() -> None:
         {"s": "STOP", "t": "ADD"},
         {"s": "STOP", "t": "ADD"},
     ]
-    report = _convergence(history, 3)
+    report = convergence(history, 3)
     assert report["stable_runs"] == 1 and report["converged"] is False
     assert report["actions_stable_runs"] == 3 and report["actions_converged"] is True
     assert report["new_states_last_k"] == 1 and report["last_change_run"] == 5
     history[4] = {"s": "ADD", "t": "ADD"}  # s flips at run 5 and back at run 6
-    assert _convergence(history, 3)["actions_stable_runs"] == 0
+    assert convergence(history, 3)["actions_stable_runs"] == 0
 
 
 def test_on_the_cpu_profile_no_stop_rule_beats_the_chts_order_on_c1s_shape() -> None:

@@ -27,18 +27,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from feather.learning_progress import (
+    CONVERGENCE_RUNS,
+    convergence,
+    greedy_changes,
+    workload_for_seed,
+)
 from feather.policies import create_engine_policy
 from feather.policies.learned import FeatherLearningPolicy
 from feather.policies.registry import LEARNERS  # what `train` trains
 from feather.sim.run import SimulationSpec, simulate
 from feather.workloads import Workload, load_workload
-
-CONVERGENCE_RUNS = 3  # K: greedy actions unchanged over the last K training runs
-
-
-def workload_for_seed(spec: str, seed: int) -> str:
-    """The workload spec built with this seed (`{seed}` filled in)."""
-    return spec.replace("{seed}", str(seed))
 
 
 def _check_seeded(specs: Sequence[str], seeds: Sequence[int], what: str) -> None:
@@ -120,7 +119,7 @@ def train(
                     "updates": policy.updates,
                     "decisions": policy.decisions_taken - decisions_before,
                     "states_visited": len(greedy),
-                    "greedy_changes": _changes(greedy_history),
+                    "greedy_changes": greedy_changes(greedy_history),
                 }
             )
             if progress is not None:
@@ -138,47 +137,7 @@ def train(
         "history": history,
         "states": len(table),
         "policy": table,
-        "convergence": _convergence(greedy_history, convergence_runs),
-    }
-
-
-def _changes(greedy_history: list[dict[str, str]]) -> int:
-    """States whose greedy action differs from the previous run's (new states not counted)."""
-    if len(greedy_history) < 2:
-        return 0
-    before, now = greedy_history[-2], greedy_history[-1]
-    return sum(1 for k, a in now.items() if k in before and before[k] != a)
-
-
-def _convergence(greedy_history: list[dict[str, str]], k: int) -> dict[str, Any]:
-    """Converged: over the last k runs no visited state changed its greedy action and no new
-    state appeared (the final table's actions held for k runs). Actions converged: no state
-    changed its action over the last k runs, new states allowed (the issue's reading)."""
-    final = greedy_history[-1] if greedy_history else {}
-    stable_runs = 0
-    for earlier in reversed(greedy_history[:-1]):
-        if earlier != final:
-            break
-        stable_runs += 1
-    last_change = len(greedy_history) - stable_runs  # 1-based run after which nothing changed
-    # the weaker reading: no state seen before changed its action (rare states may still be
-    # found for the first time, taking the default ADD until credited)
-    actions_stable_runs = 0
-    for end in range(len(greedy_history), 1, -1):
-        if _changes(greedy_history[:end]):
-            break
-        actions_stable_runs += 1
-    return {
-        "k": k,
-        "runs": len(greedy_history),
-        "stable_runs": stable_runs,
-        "last_change_run": last_change,
-        "converged": len(greedy_history) > k and stable_runs >= k,
-        "actions_stable_runs": actions_stable_runs,
-        "actions_converged": len(greedy_history) > k and actions_stable_runs >= k,
-        "new_states_last_k": (
-            len(set(final) - set(greedy_history[-k - 1])) if len(greedy_history) > k else None
-        ),
+        "convergence": convergence(greedy_history, convergence_runs),
     }
 
 

