@@ -161,6 +161,11 @@ def draw_rl_engine(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any
         curve.set(xlabel=f"training run (seeds {', '.join(map(str, trained))} in turn)",
                   ylabel="output throughput (tokens/s)", title=f"{regime}: learning in the engine")
         curve.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1)
+    if not regimes:
+        axes[0][0].text(0.5, 0.5, "no learner trained inside a real engine in this run",
+                        ha="center", va="center", transform=axes[0][0].transAxes)
+        for ax in axes.flat:
+            ax.axis("off")
     fig.suptitle(meta["title"] + " - learned inside real vLLM", wrap=True)
     produced = ", ".join(sorted({r["produced_by"] for r in mine})) or "no engine reports"
     save(fig, out,
