@@ -1,10 +1,13 @@
 """How far a learner's training has come, as both trainers record it (the simulator's,
 feather/sim/training.py, and the real engine's, feather/engines/vllm/learning.py): the
-workload a seed builds, the greedy actions that changed from run to run, and convergence."""
+workload a seed builds (each loaded once), the greedy actions that changed from run to run,
+and convergence."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from feather.workloads import Workload, load_workload
 
 CONVERGENCE_RUNS = 3  # K: greedy actions unchanged over the last K training runs
 
@@ -12,6 +15,18 @@ CONVERGENCE_RUNS = 3  # K: greedy actions unchanged over the last K training run
 def workload_for_seed(spec: str, seed: int) -> str:
     """The workload spec built with this seed (`{seed}` filled in)."""
     return spec.replace("{seed}", str(seed))
+
+
+class WorkloadCache:
+    """Loads each (spec, seed) once: a trainer runs the same workloads round after round."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Workload] = {}
+
+    def get(self, spec: str) -> Workload:
+        if spec not in self._cache:
+            self._cache[spec] = load_workload(spec)
+        return self._cache[spec]
 
 
 def greedy_changes(greedy_history: list[dict[str, str]]) -> int:

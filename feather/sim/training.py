@@ -29,6 +29,7 @@ from typing import Any
 
 from feather.learning_progress import (
     CONVERGENCE_RUNS,
+    WorkloadCache,
     convergence,
     greedy_changes,
     workload_for_seed,
@@ -37,7 +38,7 @@ from feather.policies import create_engine_policy
 from feather.policies.learned import FeatherLearningPolicy
 from feather.policies.registry import LEARNERS  # what `train` trains
 from feather.sim.run import SimulationSpec, simulate
-from feather.workloads import Workload, load_workload
+from feather.workloads import Workload
 
 
 def _check_seeded(specs: Sequence[str], seeds: Sequence[int], what: str) -> None:
@@ -48,18 +49,6 @@ def _check_seeded(specs: Sequence[str], seeds: Sequence[int], what: str) -> None
                 f"{what} workload {fixed[0]!r} has no {{seed}}: every seed would run the same "
                 "workload (write seed={seed} in the spec)"
             )
-
-
-class _Workloads:
-    """Loads each (spec, seed) once."""
-
-    def __init__(self) -> None:
-        self._cache: dict[str, Workload] = {}
-
-    def get(self, spec: str) -> Workload:
-        if spec not in self._cache:
-            self._cache[spec] = load_workload(spec)
-        return self._cache[spec]
 
 
 def _throughput(spec: SimulationSpec, workload: Workload, **changes: Any) -> float:
@@ -92,7 +81,7 @@ def train(
         "kernel": base.kernel,
         "engine_mode": base.engine_mode,
     }
-    cache = _Workloads()
+    cache = WorkloadCache()
     history: list[dict[str, Any]] = []
     greedy_history: list[dict[str, str]] = []
     for round_index, seed in enumerate(seeds):
@@ -152,7 +141,7 @@ def evaluate(
     """Frozen learner vs feather-static and FCFS on held-out workloads, each under every seed.
     `params`: the learner's parameters besides its table (e.g. consult), as in training."""
     _check_seeded(workloads, seeds, "held-out")
-    cache = _Workloads()
+    cache = WorkloadCache()
     rows = []
     for template in workloads:
         for seed in seeds:

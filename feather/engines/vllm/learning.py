@@ -36,6 +36,7 @@ from feather.engines.runs import EngineRun
 from feather.engines.vllm.runner import EngineSetup, VllmSession, required_model_len
 from feather.learning_progress import (
     CONVERGENCE_RUNS,
+    WorkloadCache,
     convergence,
     greedy_changes,
     workload_for_seed,
@@ -43,7 +44,6 @@ from feather.learning_progress import (
 from feather.policies.learned import FeatherLearningPolicy
 from feather.policies.registry import LEARNERS
 from feather.provenance import collect_provenance
-from feather.workloads import Workload, load_workload
 
 ENGINE_TRAIN_FORMAT = "feather-engine-train/1"
 BASELINES = ("fcfs", "feather-nostop", "feather-static")
@@ -113,21 +113,11 @@ class EngineTraining:
         return Path(out) / learner / self.regime / "report.json"
 
 
-class _Workloads:
-    def __init__(self) -> None:
-        self._cache: dict[str, Workload] = {}
-
-    def get(self, spec: str) -> Workload:
-        if spec not in self._cache:
-            self._cache[spec] = load_workload(spec)
-        return self._cache[spec]
-
-
 def run_training(job: EngineTraining, out: str | Path,
                  say: Callable[[str], None] = lambda message: None) -> dict[str, dict[str, Any]]:
     """Train every learner, freeze, evaluate; write each learner's policy.json and
     report.json under `out/<learner>/<regime>/`. Returns the reports by learner."""
-    workloads = _Workloads()
+    workloads = WorkloadCache()
     every = [workload_for_seed(t, s) for s in (*job.train_seeds, *job.eval_seeds)
              for t in (*job.train_workloads, *job.eval_workloads)]
     longest = job.setup.max_model_len or required_model_len([workloads.get(s) for s in every])
@@ -165,7 +155,7 @@ def _kernel(setup: EngineSetup) -> str:
     return "cascade" if setup.attention == "cascade" else "paged"
 
 
-def _train(session: VllmSession, job: EngineTraining, learner: str, workloads: _Workloads,
+def _train(session: VllmSession, job: EngineTraining, learner: str, workloads: WorkloadCache,
            out: str | Path, say: Callable[[str], None]) -> dict[str, Any]:
     params = job.params.get(learner, {})
     policy = session.scheduler.new_policy(learner, params, job.train_seeds[0])
@@ -220,7 +210,7 @@ def _train(session: VllmSession, job: EngineTraining, learner: str, workloads: _
     }
 
 
-def _evaluate(session: VllmSession, job: EngineTraining, out: str | Path, workloads: _Workloads,
+def _evaluate(session: VllmSession, job: EngineTraining, out: str | Path, workloads: WorkloadCache,
               say: Callable[[str], None]) -> list[dict[str, Any]]:
     """Every baseline and frozen learner on every held-out workload, seed by seed."""
     runs = []
