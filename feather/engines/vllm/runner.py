@@ -37,7 +37,7 @@ from feather.engines.runs import (
     is_our_backend,
 )
 from feather.engines.vllm import attention_timer
-from feather.engines.vllm.compat import let_vllm_scan_llvmlite
+from feather.engines.vllm.compat import cpu_compile_env, let_vllm_scan_llvmlite
 from feather.memory import check_fits
 from feather.metrics import latency_summary
 from feather.models import get_model
@@ -212,6 +212,8 @@ class VllmSession:
             )
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        if self.device == "cpu":
+            os.environ.update(cpu_compile_env(dict(os.environ)))
         if setup.threads is not None:
             _set_torch_threads(setup.threads)
         from vllm import LLM

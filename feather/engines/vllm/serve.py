@@ -27,6 +27,7 @@ from typing import Any
 
 from feather.atomic import write_text_atomic
 from feather.engines.model_dir import model_directory
+from feather.engines.vllm.compat import cpu_compile_env
 from feather.models import get_model
 
 SCHEDULER_CLS = "feather.engines.vllm.scheduler.FeatherScheduler"  # vLLM's dotted form
@@ -134,7 +135,7 @@ class ServeSetup:
         )
         if self.dev_endpoints:
             env["VLLM_SERVER_DEV_MODE"] = "1"
-        return env
+        return cpu_compile_env(env) if _cpu_build() else env
 
 
 class VllmServer:
