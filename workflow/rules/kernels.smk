@@ -38,8 +38,10 @@ rule kernels_bench:
         job=lambda wc: f"kernels_bench_{wc.machine}",
     log:
         "logs/kernels/{machine}.log",
-    threads: all_cores  # alone: it measures time
+    threads: measuring_cores  # it measures time, with one torch thread
+    priority: 1  # the measuring jobs run one after another: start the chain early
     resources:
+        **MEASURES_TIME,
         mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS
         runtime=job_runtime("kernels_bench", "default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP),
     shell:
@@ -87,8 +89,10 @@ rule cpu_attn_bench:
         sweep="default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP,
     log:
         "logs/kernels/cpu_attn.log",
-    threads: all_cores  # alone: it measures time
+    threads: measuring_cores  # it measures time, with one thread
+    priority: 1  # the measuring jobs run one after another: start the chain early
     resources:
+        **MEASURES_TIME,
         mem_mb=3000,  # default sweep: 1.6 GB peak RSS
         runtime=job_runtime("cpu_attn_bench", "default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP),
     shell:

@@ -41,8 +41,10 @@ for _job in ONLINE_JOBS:
             job=f"online_{_job.dataset}",
         log:
             f"logs/online/{_job.dataset}.log",
-        threads: all_cores
+        threads: all_cores  # alone: a server, its engine core and the load client
+        priority: 1  # the measuring jobs run one after another: start the chain early
         resources:
+            **MEASURES_TIME,
             # memory measured here (default sweep, 2 schedulers): 2.5 GB peak RSS (server,
             # engine core and the in-process client); on a GPU (an 8B model, untested here: no
             # GPU box) estimated

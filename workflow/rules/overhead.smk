@@ -58,8 +58,10 @@ rule overhead_bench:
         envs=lambda wc, input: " ".join(f"--env-status {shlex.quote(p)}" for p in input.envs),
     log:
         "logs/overhead/bench.log",
-    threads: all_cores  # alone on the machine: it measures CPU time
+    threads: measuring_cores  # it measures CPU time, one policy call at a time
+    priority: 1  # the measuring jobs run one after another: start the chain early
     resources:
+        **MEASURES_TIME,
         # peak RSS measured here: default sweep 1.5 GB, full about 15 GB
         mem_mb=16000 if (OVERHEAD or {}).get("sweep") == "full" else 4000,
         runtime=job_runtime("overhead_bench", (OVERHEAD or {}).get("sweep", "default")),

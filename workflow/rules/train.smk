@@ -62,10 +62,12 @@ rule train_learner_engine:
         engine="vllm",
         experiment="[^/]+",
         regime="|".join(ENGINE_TRAIN_REGIMES) or "no-regimes",
-    threads: all_cores
+    threads: measuring_cores  # one engine thread (the regimes' `threads: 1`)
+    priority: 1  # the measuring jobs run one after another: start the chain early
     resources:
         runtime=job_runtime("train_learner_engine"),
         mem_mb=6000,
+        **MEASURES_TIME,
     shell:
         "({params.feather} train-engine --spec {params.spec:q} --out {params.out:q} --quiet) "
         "> {log:q} 2>&1 || {params.job_status} --job {params.job} --claim {params.claim:q} "
