@@ -17,6 +17,7 @@ for a run's provenance.
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from typing import Any
 
@@ -32,6 +33,7 @@ BACKENDS = {
 }
 
 _usage: Counter[str] = Counter()
+_announced: set[str] = set()
 
 
 def mode_from_env() -> str | None:
@@ -118,6 +120,10 @@ def required_mode() -> str:
             f"the prefix-aware backend was loaded while {ENV} asks for vLLM's kernel: "
             "select the attention with attention_plugin.use() before the engine starts"
         )
+    if mode not in _announced:  # once per process: a served engine's log says what ran
+        _announced.add(mode)
+        print(f"feather: prefix-aware attention ({mode}) in this engine", file=sys.stderr,
+              flush=True)  # fmt: skip
     return mode
 
 

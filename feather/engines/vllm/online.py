@@ -10,8 +10,11 @@ fraction of it for every scheduler, so "below saturation" means the same load fo
 Datasets: a workload of ours (its prompts, in its order, as text in vLLM's `custom` JSONL
 format: the server tokenizes them as it would any client's) or vLLM's own
 `prefix_repetition` dataset (which vLLM builds and shuffles itself). Every run starts from
-an empty prefix cache (vLLM's /reset_prefix_cache); after each, the scheduler's state file
-must show nothing held: a run that leaks fails the job.
+an empty prefix cache (vLLM's /reset_prefix_cache) - or, with `prefix_cache="warm"`, with
+each prefix group's prompt already served once (a server that has seen the documents, as
+`feather run --prefix-cache warm` starts offline runs): unmeasured warm-up requests, one per
+group, the group's first prompt with one output token, after the reset. After each run the
+scheduler's state file must show nothing held: a run that leaks fails the job.
 """
 
 from __future__ import annotations
@@ -85,6 +88,21 @@ class OnlineDataset:
         return args, count, longest
 
 
+def group_prompts(workload_path: str) -> list[str]:
+    """The text of each prefix group's first request, in order of first arrival (what a
+    warm start serves before a run); a workload without shared prefixes has none."""
+    from feather.workloads import load_workload
+    from feather.workloads.tokenizer import load_tokenizer
+
+    workload = load_workload(workload_path)
+    tokenizer = load_tokenizer(None)
+    first: dict[Any, list[int]] = {}
+    for r in workload.requests:
+        if r.shared_prefix_len > 0 and r.group_id not in first:
+            first[r.group_id] = list(map(int, r.prompt_token_ids))
+    return [tokenizer.decode(ids) for ids in first.values()]
+
+
 def write_custom_jsonl(workload_path: str, out: Path) -> tuple[Path, int, int]:
     """The workload's prompts as text (decoded with the tokenizer they were built with) and
     output lengths, one JSON object per line in arrival order: vLLM's `custom` dataset."""
@@ -128,10 +146,24 @@ class OnlineSweep:
     seed: int = 0
     repeats: int = 3
     model_root: str = "data/models"
+    attention: str = "vllm"  # vLLM's backend, or ours in a mode (ServeSetup.attention)
+    prefix_cache: str = "cold"  # "warm": each run starts with every group's prompt served
 
     def __post_init__(self) -> None:
+        from feather.engines.runs import PREFIX_CACHE_CHOICES
+
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.prefix_cache not in PREFIX_CACHE_CHOICES:
+            raise ValueError(
+                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_CHOICES)}, "
+                f"got {self.prefix_cache!r}"
+            )
+        if self.prefix_cache == "warm" and self.dataset.kind != "workload":
+            raise ValueError(
+                "prefix_cache 'warm' needs a workload of ours (its prefix groups are known); "
+                "vLLM builds prefix_repetition's prompts itself"
+            )
         labels = [label for label, _, _ in self.schedulers]
         if "fcfs" not in labels:
             raise ValueError("the online sweep measures capacity under fcfs: include fcfs")
@@ -205,6 +237,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         row[f"mean_{metric}_ms"] = raw.get(f"mean_{metric}_ms")
         for p in PERCENTILES:
             row[f"p{p}_{metric}_ms"] = raw.get(f"p{p}_{metric}_ms")
+    row["warm_up"] = raw.get("warm_up")  # requests and prompt tokens served before the run
     errors = [e for e in raw.get("errors") or [] if e]
     row["errors"] = len(errors)
     row["first_error"] = errors[0][:300] if errors else None
@@ -280,6 +313,11 @@ def run_online_sweep(
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     dataset_args, num_prompts, longest = sweep.dataset.client_args(work)
+    warm_up: list[str] = []
+    if sweep.prefix_cache == "warm":
+        warm_up = group_prompts(str(sweep.dataset.workload))
+        if not warm_up:
+            raise ValueError("prefix_cache 'warm': no request of the workload shares a prefix")
     max_model_len = max(1024, math.ceil((longest + 64 + sweep.dataset.output_len) / 1024) * 1024)
     ordered = sorted(sweep.schedulers, key=lambda s: s[0] != "fcfs")  # fcfs first: capacity
     rows: list[dict[str, Any]] = []
@@ -298,6 +336,7 @@ def run_online_sweep(
             threads=sweep.threads,
             model_root=sweep.model_root,
             dev_endpoints=True,  # /reset_prefix_cache before every run
+            attention=sweep.attention,
         )
         say(f"{label}: starting vllm serve")
         with VllmServer(setup, work / label) as server:
@@ -311,7 +350,7 @@ def run_online_sweep(
             def measure(rate: float, repeat: int, server=server, label=label, runs=runs) -> None:
                 runs.setdefault(rate, []).append(
                     _one_rate(server, label, rate, repeat, dataset_args, num_prompts,
-                              sweep.seed + repeat, work, say)
+                              sweep.seed + repeat, work, say, warm_up)
                 )  # fmt: skip
 
             if capacity is None:  # fcfs: its saturated throughput is the capacity
@@ -344,6 +383,8 @@ def run_online_sweep(
         "num_prompts": num_prompts,
         "repeats": sweep.repeats,
         "max_model_len": max_model_len,
+        "attention": sweep.attention,
+        "prefix_cache": sweep.prefix_cache,
     }
 
 
@@ -357,10 +398,17 @@ def _one_rate(
     seed: int,
     work: Path,
     say: Callable[[str], None],
+    warm_up: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """One rate, one repeat: vLLM's raw result; the scheduler must then hold nothing."""
+    """One rate, one repeat: vLLM's raw result; the scheduler must then hold nothing. The
+    run starts from an empty prefix cache, filled first by the `warm_up` prompts if any."""
     name = "inf" if math.isinf(rate) else f"{rate:.4f}"
-    server.reset_prefix_cache()  # every run starts from the same empty cache
+    server.reset_prefix_cache()  # every run starts from the same cache
+    warm_before = server.metrics()
+    for prompt in warm_up:  # one at a time, unmeasured: the cache a served document leaves
+        server.complete(prompt, max_tokens=1)
+    if warm_up:
+        server.wait_drained()
     before, decided_before = server.metrics(), server.state().get("decisions") or {}
     started = time.perf_counter()
     result = work / label / f"rate_{name}__r{repeat}.json"
@@ -376,6 +424,9 @@ def _one_rate(
         raise RuntimeError(f"{label} at rate {name}: the scheduler still holds {state}")
     raw["scheduler_state_after"] = state
     raw["engine_counters"] = engine_counters(before, server.metrics())
+    raw["warm_up"] = {"requests": len(warm_up),
+                      "prompt_tokens": before.get(COUNTERS["prompt_tokens"], 0.0)
+                      - warm_before.get(COUNTERS["prompt_tokens"], 0.0)}  # fmt: skip
     raw["policy_decisions"] = {
         key: value - decided_before.get(key, 0)
         for key, value in (state.get("decisions") or {}).items()

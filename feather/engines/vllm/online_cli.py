@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from feather.cli_values import positive_int, seed
+from feather.engines.runs import ATTENTION_CHOICES, PREFIX_CACHE_CHOICES
 
 CSV_FIELDS = [
     "dataset",
@@ -96,6 +97,19 @@ def register(commands: Any) -> None:
         default=3,
         help="runs per rate, arrival seeds seed, seed+1, ... (pooled)",
     )
+    online.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        default="vllm",
+        help="vLLM's own backend, or our prefix-aware one in that mode (as feather run)",
+    )
+    online.add_argument(
+        "--prefix-cache",
+        choices=PREFIX_CACHE_CHOICES,
+        default="cold",
+        help="cold: each run starts with an empty prefix cache; warm: with each prefix "
+        "group's first prompt served (unmeasured), a server that has seen the documents",
+    )
     online.add_argument("--model-root", default="data/models")
     online.add_argument("--out", required=True, help="folder for online.json / online.csv")
     online.add_argument("--quiet", action="store_true")
@@ -151,6 +165,8 @@ def _cmd_online(args: argparse.Namespace) -> int:
         seed=args.seed,
         repeats=args.repeats,
         model_root=args.model_root,
+        attention=args.attention,
+        prefix_cache=args.prefix_cache,
     )
 
     def say(message: str) -> None:
@@ -176,6 +192,8 @@ def _cmd_online(args: argparse.Namespace) -> int:
                 "max_num_batched_tokens": args.max_num_batched_tokens,
                 "threads": args.threads,
                 "max_model_len": result["max_model_len"],
+                "attention": args.attention,
+                "prefix_cache": args.prefix_cache,
             },
             "hardware": _hardware_label(),
         },

@@ -27,6 +27,8 @@ from typing import Any
 
 from feather.atomic import write_text_atomic
 from feather.engines.model_dir import model_directory
+from feather.engines.runs import ATTENTION_CHOICES
+from feather.engines.vllm.attention_plugin import ENV as ATTENTION_ENV
 from feather.engines.vllm.compat import cpu_compile_env
 from feather.models import get_model
 
@@ -96,6 +98,15 @@ class ServeSetup:
     # vLLM's development endpoints (VLLM_SERVER_DEV_MODE=1), for /reset_prefix_cache:
     # runs that follow each other on one server then start from the same empty cache
     dev_endpoints: bool = False
+    # vLLM's own attention backend, or our prefix-aware one in a mode (cascade, pat): the
+    # engine process vLLM spawns loads it through the plugin entry point from the environment
+    attention: str = "vllm"
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_CHOICES:
+            raise ValueError(
+                f"attention {self.attention!r}: known are {', '.join(ATTENTION_CHOICES)}"
+            )
 
     def feather_config(self, state_file: Path | None) -> dict[str, Any]:
         settings: dict[str, Any] = {
@@ -135,6 +146,10 @@ class ServeSetup:
         )
         if self.dev_endpoints:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.attention == "vllm":
+            env.pop(ATTENTION_ENV, None)  # not a mode left in this process's environment
+        else:
+            env[ATTENTION_ENV] = self.attention
         return cpu_compile_env(env) if _cpu_build() else env
 
 
@@ -232,6 +247,20 @@ class VllmServer:
         with urllib.request.urlopen(request, timeout=60) as answer:
             if answer.status != 200:
                 raise ServerFailed(f"/reset_prefix_cache answered {answer.status}")
+
+    def complete(self, prompt: str, max_tokens: int = 1, timeout_s: float = 600) -> None:
+        """One completion, its answer discarded (warm-up requests: what they leave in the
+        prefix cache is their purpose)."""
+        body = json.dumps({"model": self.setup.model, "prompt": prompt,
+                           "max_tokens": max_tokens, "ignore_eos": True}).encode()  # fmt: skip
+        request = urllib.request.Request(
+            f"{self.url}/v1/completions", data=body, method="POST",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            if answer.status != 200:
+                raise ServerFailed(f"/v1/completions answered {answer.status}")
+            answer.read()
 
     def state(self) -> dict[str, Any]:
         """The scheduler's state file (`FeatherScheduler.held()`), as it was last written."""
