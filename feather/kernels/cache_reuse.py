@@ -33,12 +33,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
+from feather.kernels.plan import shared_prefix_blocks
 from feather.kernels.traffic import cold_decode_kv_tokens
 
 ADJACENT = "adjacent"
 CAPACITY = "capacity"
 COLD_RULES = (ADJACENT, CAPACITY)
+LRU = "lru"  # a read hits when fewer than `capacity` other items came between
+RETAIN = "retain"  # beyond the capacity, a cyclic stream keeps `capacity` of its items
+REPLACEMENTS = (LRU, RETAIN)
+_MEMO_ENTRIES = 4096  # step structures remembered (a simulation repeats them step after step)
 
 Row = tuple[Sequence[Hashable], int, int]  # (block ids, context tokens, new tokens)
 
@@ -47,44 +53,129 @@ Row = tuple[Sequence[Hashable], int, int]  # (block ids, context tokens, new tok
 class ColdRule:
     """How a step's cold decode KV tokens are counted (see the module docstring).
 
-    kind: `adjacent` (the request before shares the blocks) or `capacity` (an LRU replay).
+    kind: `adjacent` (the request before shares the blocks) or `capacity` (a replay).
     capacity_blocks: items (one head's K and V of one block) the cache holds.
     read_once: the backend reads a pure decode step's common prefix once (cascade).
+    replacement: `lru` - a re-read hits when fewer than capacity_blocks other items were
+        read since (all or nothing: a run of sharers each reading more than the capacity
+        misses entirely); `retain` - the same below the capacity, and beyond it a fraction
+        capacity / (distance + 1) hits, as a cache whose replacement resists thrashing keeps
+        part of a cyclic stream (the measured kernels degrade so: docs/stop.md's tables).
     """
 
     kind: str = ADJACENT
     capacity_blocks: int = 0
     read_once: bool = False
+    replacement: str = LRU
 
     def __post_init__(self) -> None:
         if self.kind not in COLD_RULES:
             raise ValueError(f"unknown cold rule {self.kind!r}; known: {', '.join(COLD_RULES)}")
+        if self.replacement not in REPLACEMENTS:
+            raise ValueError(
+                f"unknown replacement {self.replacement!r}; known: {', '.join(REPLACEMENTS)}"
+            )
         if self.kind == CAPACITY and self.capacity_blocks < 1:
             raise ValueError("the capacity rule needs capacity_blocks >= 1")
+
+    def hit(self, distance: int) -> float:
+        """The fraction of a read that hits, `distance` other items after its last read
+        (negative: never read before in the step)."""
+        if distance < 0:
+            return 0.0
+        if distance < self.capacity_blocks:
+            return 1.0
+        return self.capacity_blocks / (distance + 1) if self.replacement == RETAIN else 0.0
 
 
 def _is_decode(context: int, new: int) -> bool:
     return new == 1 and context > 0
 
 
-def common_prefix_blocks(rows: Sequence[Row]) -> int:
-    """Leading blocks every row holds (the same block ids at the same positions)."""
+def reuse_distances(stream: Sequence[Hashable]) -> list[int]:
+    """For each access, the distinct other items accessed since the same item's previous
+    access (-1 for a first access): LRU stack distances, by a Fenwick tree over access times
+    in which each item marks only its latest access."""
+    n = len(stream)
+    tree = [0] * (n + 1)
+
+    def add(i: int, value: int) -> None:
+        i += 1
+        while i <= n:
+            tree[i] += value
+            i += i & -i
+
+    def before(i: int) -> int:  # marks at positions < i
+        total = 0
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+    last: dict[Hashable, int] = {}
+    out = []
+    for t, item in enumerate(stream):
+        previous = last.get(item)
+        if previous is None:
+            out.append(-1)
+        else:
+            out.append(before(t) - before(previous + 1))
+            add(previous, -1)
+        add(t, 1)
+        last[item] = t
+    return out
+
+
+def common_prefix_blocks(rows: Sequence[Row], block_size: int) -> int:
+    """Leading full blocks every row holds at the same positions (the cascade plan's shared
+    prefix, `feather.kernels.plan.shared_prefix_blocks`)."""
     if not rows:
         return 0
-    first = rows[0][0]
-    depth = min(len(blocks) for blocks, _, _ in rows)
-    for i in range(depth):
-        if any(blocks[i] != first[i] for blocks, _, _ in rows):
-            return i
-    return depth
+    return shared_prefix_blocks([b for b, _, _ in rows], [c + n for _, c, n in rows], block_size)
 
 
-def reads_prefix_once(rows: Sequence[Row]) -> int:
+def reads_prefix_once(rows: Sequence[Row], block_size: int) -> int:
     """The common prefix blocks the cascade backend reads once in this step, 0 where it hands
     the step to vLLM's kernel (a prefill row, a single row, or nothing shared)."""
     if len(rows) < 2 or not all(_is_decode(c, n) for _, c, n in rows):
         return 0
-    return common_prefix_blocks(rows)
+    return common_prefix_blocks(rows, block_size)
+
+
+@lru_cache(maxsize=_MEMO_ENTRIES)
+def _hits(
+    structure: tuple[tuple[tuple[Hashable, ...], int, bool], ...], rule: ColdRule
+) -> tuple[tuple[int, int, float], ...]:
+    """(read, block index, fraction hit) of every counted re-read that hits at all; a read
+    is (block ids, first block index read, counted)."""
+    stream, where = [], []
+    for r, (blocks, first, counted) in enumerate(structure):
+        for index in range(first, len(blocks)):
+            stream.append(blocks[index])
+            where.append((r, index, counted))
+    out = []
+    for (r, index, counted), distance in zip(where, reuse_distances(stream), strict=True):
+        fraction = rule.hit(distance)
+        if counted and fraction > 0:
+            out.append((r, index, fraction))
+    return tuple(out)
+
+
+def replay_cold_kv_tokens(
+    reads: Sequence[tuple[Sequence[Hashable], int, int, bool]], block_size: int, rule: ColdRule
+) -> float:
+    """Replay reads through the rule's cache; the tokens of the counted reads that missed.
+    Each read is (block ids, first block index, tokens the blocks hold, counted): a sequence
+    reads its blocks from that index on, in order."""
+    structure = tuple((tuple(b), first, counted) for b, first, _, counted in reads)
+    cold = 0.0
+    for _, first, tokens, counted in reads:
+        if counted:
+            cold += max(0, tokens - first * block_size)
+    for r, index, fraction in _hits(structure, rule):
+        tokens = reads[r][2]
+        cold -= fraction * max(0, min(block_size, tokens - index * block_size))
+    return cold
 
 
 def lru_cold_kv_tokens(
@@ -92,9 +183,8 @@ def lru_cold_kv_tokens(
     block_size: int,
     capacity_blocks: int,
 ) -> int:
-    """Replay reads through an LRU cache of `capacity_blocks` items; the tokens of the
-    counted reads that missed. Each read is (block ids, first block index, tokens the blocks
-    hold, counted): a sequence reads its blocks from that index on, in order."""
+    """The LRU replay read by read (the specification `replay_cold_kv_tokens` is tested
+    against): an ordered dict of at most `capacity_blocks` items."""
     cache: OrderedDict[Hashable, None] = OrderedDict()
     cold = 0
     for blocks, first, tokens, counted in reads:
@@ -111,18 +201,18 @@ def lru_cold_kv_tokens(
     return cold
 
 
-def cold_kv_tokens(rows: Iterable[Row], block_size: int, rule: ColdRule) -> int:
+def cold_kv_tokens(rows: Iterable[Row], block_size: int, rule: ColdRule) -> float:
     """A step's cold decode KV tokens under `rule`; rows in the kernel's order. A decode
     reads its context and new token; a prefill row's reads pass through the cache too but
     are not decode KV, so they are not counted."""
     rows = list(rows)
     if rule.kind == ADJACENT:
         return cold_decode_kv_tokens(rows, block_size)
-    once = reads_prefix_once(rows) if rule.read_once else 0
+    once = reads_prefix_once(rows, block_size) if rule.read_once else 0
     reads = [(b, once, c + n, _is_decode(c, n)) for b, c, n in rows]
     if once:  # the common prefix once, then each row's rest
         reads.insert(0, (rows[0][0][:once], 0, once * block_size, True))
-    return lru_cold_kv_tokens(reads, block_size, rule.capacity_blocks)
+    return replay_cold_kv_tokens(reads, block_size, rule)
 
 
 def trace_cold_kv_tokens(
@@ -141,8 +231,8 @@ def trace_cold_kv_tokens(
     docstring). A cascade step's rests are taken as private (no request shares more than
     the batch's common prefix with another, as in the synthetic workloads). Otherwise the
     trace cannot tell which re-reads hit, and this raises."""
-    if rule.kind != CAPACITY:
-        raise ValueError("trace_cold_kv_tokens counts the capacity rule")
+    if rule.kind != CAPACITY or rule.replacement != LRU:
+        raise ValueError("trace_cold_kv_tokens counts the capacity rule with LRU replacement")
     rows = list(zip(context_tokens, new_tokens, strict=True))
     decode_kv = sum(c + 1 for c, n in rows if _is_decode(c, n))
     shared = shared_prefix_tokens // block_size
