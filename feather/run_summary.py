@@ -92,9 +92,10 @@ class RunSummary:
     decisions_stop: int | None = None  # the simulator's trace has them per step
     engine_startup_s: float | None = None  # the simulator starts no engine
 
-    # ---- vLLM: what its prefix cache held at a run's start ("cold": nothing; "warm": every
-    # group's shared prefix, EngineSetup.prefix_cache) and the prefix tokens the unmeasured
-    # warm-up computed before it (None: cold); other producers start every run cold
+    # ---- vLLM and the simulator: what the prefix cache held at a run's start ("cold":
+    # nothing; "warm": every group's shared prefix, EngineSetup.prefix_cache,
+    # SimulationSpec.prefix_cache) and the prefix tokens the unmeasured warm-up computed
+    # before it (None: cold); other producers start every run cold
     prefix_cache_at_start: str | None = None
     warm_up_prefill_tokens: int | None = None
 

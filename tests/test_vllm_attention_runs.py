@@ -15,6 +15,7 @@ import pytest
 
 from feather.engines.runs import EngineRun
 from feather.engines.vllm.runner import EngineSetup, VllmSession
+from feather.kernels.traffic import cold_decode_kv_tokens
 from feather.workloads import build
 from feather.workloads.builder import BuildOptions
 
@@ -88,6 +89,23 @@ def test_our_path_is_timed_and_counted_like_vllms_kernel(runs) -> None:
     # the same requests in the same order: the kernel's cold KV does not depend on who reads
     assert (runs["pat"].trace.column("kernel_cold_kv_tokens").to_pylist()
             == runs["vllm"].trace.column("kernel_cold_kv_tokens").to_pylist())
+
+
+def test_the_kernels_rows_reach_the_step_rows_in_its_order(runs) -> None:
+    """Each step keeps the sequences the kernel read (block ids, context, new tokens), from
+    which the adjacent count is recomputed exactly, and whose shapes are the step's."""
+    for attention, result in runs.items():
+        trace = result.trace.to_pydict()
+        for blocks, context, new, cold, seq_context, seq_new in zip(
+            trace["kernel_block_ids"], trace["kernel_context_tokens"],
+            trace["kernel_new_tokens"], trace["kernel_cold_kv_tokens"],
+            trace["seq_context_tokens"], trace["seq_new_tokens"], strict=True,
+        ):  # fmt: skip
+            rows = [(tuple(b), c, n) for b, c, n in zip(blocks, context, new, strict=True)]
+            assert cold_decode_kv_tokens(rows, 128) == cold, attention
+            mine, steps = zip(context, new, strict=True), zip(seq_context, seq_new, strict=True)
+            assert sorted(mine) == sorted(steps), attention
+            assert all(len(b) == -(-(c + n) // 128) for b, c, n in rows), attention
 
 
 def test_the_same_tokens_are_scheduled_whichever_backend_ran(runs) -> None:

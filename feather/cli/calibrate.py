@@ -12,7 +12,10 @@ def _cmd_calibrate_cpu_step(args: argparse.Namespace) -> int:
 
     holdout = [int(r) for r in args.holdout_repeats.split(",") if r.strip()]
     out = args.out or CPU_STEP_FIT
-    doc = calibrate(args.runs, out, holdout, args.holdout_trace)
+    doc = calibrate(
+        args.runs, out, holdout, args.holdout_trace, args.cold_rule, args.cache_bytes,
+        args.replacement,
+    )
     quality = doc["fit_quality"]
     coefficients = ", ".join(f"{k} {v:.3g}" for k, v in doc["coefficients"].items())
     print(f"{doc['engine']} / {doc['model']} {doc['dtype']}: {coefficients} -> {out}")
@@ -46,4 +49,24 @@ def register(commands: Any) -> None:
         "--holdout-repeats", default="3,4", help="repeats left out of the fit and scored"
     )
     cpu_step.add_argument("--holdout-trace", help="also write the held-out steps (parquet)")
+    cpu_step.add_argument(
+        "--cold-rule",
+        choices=["adjacent", "capacity"],
+        default="adjacent",
+        help="how a decode's KV is counted cold: the engine's count (the sequence before it "
+        "shares the blocks) or a cache of finite capacity in the kernel's read order "
+        "(feather/kernels/cache_reuse.py)",
+    )
+    cpu_step.add_argument(
+        "--cache-bytes",
+        type=int,
+        help="the capacity rule's cache (default: the runs' host's per-core L2)",
+    )
+    cpu_step.add_argument(
+        "--replacement",
+        choices=["lru", "retain"],
+        default="lru",
+        help="the capacity rule's cache: lru (all or nothing at the capacity) or retain (a "
+        "fraction capacity / distance of a longer cyclic stream hits)",
+    )
     cpu_step.set_defaults(func=_cmd_calibrate_cpu_step)

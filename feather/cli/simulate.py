@@ -16,6 +16,7 @@ from feather.cli_values import seed
 from feather.engine_limits import ENGINE_MODES
 from feather.kernels.plan import KERNELS
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
+from feather.sim.warm_start import PREFIX_CACHE_STARTS
 
 # what a run is, given as flags; --spec gives all of it instead
 RUN_FLAGS = ("workload", "scheduler", "hardware", "model")
@@ -71,6 +72,7 @@ def _spec_from_flags(args: argparse.Namespace) -> Any:
         sched_time=args.sched_time,
         sched_cost_model=args.sched_cost_model,
         overlap_scheduling=args.overlap_scheduling,
+        prefix_cache=args.prefix_cache,
     )
     return RunSpec(args.scheduler, spec)
 
@@ -122,6 +124,13 @@ def register(commands: Any) -> None:
         default=None,
         help="a step takes max(GPU, scheduling) instead of their sum (default: on in sglang "
         "mode, as SGLang's overlap scheduler; off in vllm mode)",
+    )
+    sim.add_argument(
+        "--prefix-cache",
+        choices=PREFIX_CACHE_STARTS,
+        default="cold",
+        help="warm: every prefix group's shared prefix is cached before the first request "
+        "(a server that has served the documents; the real engine's option of that name)",
     )
     sim.add_argument(
         "--hardware-profile",

@@ -38,6 +38,8 @@ from feather.pipeline.workload_specs import WorkloadSpecError, slug, split_load,
 from feather.workloads.cache_regime import resolve_host_placeholders
 
 ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "num_blocks", "block_size")
+# a simulated run's engine options that are not block or token counts
+_OPTION_TYPES: dict[str, Any] = {"kv_pool_fraction": float, "prefix_cache": str}
 
 
 class ExperimentError(ValueError):
@@ -74,8 +76,7 @@ class Run:
         from feather.sim.run_spec import RunSpec
 
         options: dict[str, Any] = {
-            key: float(value) if key == "kv_pool_fraction" else int(value)
-            for key, value in self.engine_options
+            key: _OPTION_TYPES.get(key, int)(value) for key, value in self.engine_options
         }
         if self.sched_cost_model is not None:
             options["sched_cost_model"] = self.sched_cost_model
@@ -636,6 +637,8 @@ def expand(
                 experiment.skipped.append(f"{workload} ({kind} data not available)")
                 continue
             options = tuple((k, template[k]) for k in ENGINE_FIELDS if k in template)
+            if template.get("prefix_cache", "cold") != "cold":  # the simulator's default
+                options += (("prefix_cache", template["prefix_cache"]),)
             if fraction is not None:
                 options += (("kv_pool_fraction", fraction),)
             run = Run(
@@ -729,6 +732,7 @@ def _run_id(run: Run, config_params: dict[str, Any], default_model: str) -> str:
                 run.kernel if run.kernel != "paged" else "",
                 run.engine_mode if run.engine_mode != "vllm" else "",
                 f"pool={slug(fraction)}" if fraction is not None else "",
+                "warm" if dict(run.engine_options).get("prefix_cache") == "warm" else "",
                 f"cost={run.sched_cost_model}" if run.sched_cost_model is not None else "",
                 {True: "overlap", False: "serial", None: ""}[run.overlap_scheduling],
                 run.model if run.model != default_model else "",

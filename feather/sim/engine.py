@@ -52,6 +52,7 @@ from feather.sim.sched_cost import StepWork
 from feather.sim.sglang_step import SglangStep
 from feather.sim.step_plan import StepPlan
 from feather.sim.vllm_step import VllmStep
+from feather.sim.warm_start import PREFIX_CACHE_STARTS, WarmStart, warm_prefixes
 from feather.timing import SchedulingTimer
 from feather.workloads.schema import WorkloadRequest
 
@@ -68,6 +69,8 @@ class EngineConfig:
     num_blocks: KV pool size in blocks (the runner derives it from the hardware and model).
     prefix_read_once: the attention kernel reads a batch-wide common prefix once (cascade);
         told to the policy in every `StepContext`.
+    prefix_cache: "cold" starts with an empty prefix cache; "warm" with every prefix group's
+        shared prefix cached (`feather.sim.warm_start`, the real engine's option of that name).
     """
 
     mode: Mode = "vllm"
@@ -82,6 +85,7 @@ class EngineConfig:
     overlap_scheduling: bool = False
     reserve_full_prompt: bool = True
     prefix_read_once: bool = False
+    prefix_cache: str = "cold"
     max_steps: int = 5_000_000
 
     def __post_init__(self) -> None:
@@ -90,6 +94,13 @@ class EngineConfig:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.prefix_cache not in PREFIX_CACHE_STARTS:
+            raise ValueError(
+                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_STARTS)}, "
+                f"got {self.prefix_cache!r}"
+            )
+        if self.prefix_cache == "warm" and not self.enable_prefix_caching:
+            raise ValueError("prefix_cache 'warm' needs enable_prefix_caching")
 
 
 class SimRequest:
@@ -177,6 +188,7 @@ class EngineResult:
     steps: list[StepRecord] = field(default_factory=list)
     makespan_s: float = 0.0
     pool_evictions: int = 0
+    warm_start: WarmStart | None = None  # what a warm prefix cache start computed, unmeasured
 
 
 CostFn = Callable[[BatchStep], Any]  # returns an object with .time_s
@@ -235,6 +247,10 @@ class Engine:
         self.timer = SchedulingTimer()
         self._ever_computed: set = set()  # hashes of every full block computed so far
         self.result = EngineResult(self.requests)
+        if config.prefix_cache == "warm":  # before the first request, outside simulated time
+            warm = warm_prefixes(self.pool, requests)
+            self._ever_computed.update(warm.block_hashes)
+            self.result.warm_start = warm
         self._unfinished = len(self.requests)
 
     # ---- the loop ----------------------------------------------------------------------------

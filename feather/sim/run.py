@@ -41,6 +41,7 @@ from feather.sim.hardware import get_hardware
 from feather.sim.oracle import roofline
 from feather.sim.sched_cost import SchedulingCostModel, cost_model
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL
+from feather.sim.warm_start import PREFIX_CACHE_STARTS
 from feather.telemetry import not_applicable
 from feather.workloads import Workload, load_workload
 from feather.workloads.regime import regime_fields, shared_prefix_tokens_of
@@ -68,8 +69,16 @@ class SimulationSpec:
     sched_time: str = "model"  # "model" (deterministic, calibrated) or "zero"
     sched_cost_model: str = DEFAULT_COST_MODEL  # which model prices scheduling (COST_MODELS)
     overlap_scheduling: bool | None = None  # None: on in sglang mode, off in vllm mode
+    # "warm": every prefix group's shared prefix cached before the first request, as the real
+    # engine's `prefix_cache: warm` (feather/sim/warm_start.py); "cold": an empty cache
+    prefix_cache: str = "cold"
 
     def __post_init__(self) -> None:
+        if self.prefix_cache not in PREFIX_CACHE_STARTS:
+            raise ValueError(
+                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_STARTS)}, "
+                f"got {self.prefix_cache!r}"
+            )
         if self.kernel not in KERNELS:
             raise ValueError(f"unknown kernel {self.kernel!r}; kernels: {', '.join(KERNELS)}")
         if self.sched_time not in ("model", "zero"):
@@ -172,6 +181,7 @@ def simulate(
         max_num_batched_tokens=spec.max_num_batched_tokens,
         overlap_scheduling=spec.overlapped,
         prefix_read_once=spec.kernel == "cascade",
+        prefix_cache=spec.prefix_cache,
     )
     sched_model = (
         cost_model(spec.sched_cost_model, spec.engine_mode, spec.block_size)
@@ -213,6 +223,10 @@ def simulate(
         oracle=oracle.to_json(),
         wall_s=wall_s,
         sched_model_fallback_for=sorted(sched_model.uncalibrated),
+        prefix_cache_at_start=spec.prefix_cache,
+        warm_up_prefill_tokens=(
+            None if result.warm_start is None else result.warm_start.prefill_tokens
+        ),
         sched_cost_model=_sched_cost_summary(spec, sched_model.source),
         policy_scope_warning=_scope_warning(spec, policy),
         nvml=not_applicable(f"simulated run ({spec.hardware} profile), no device"),

@@ -29,6 +29,14 @@ import pyarrow.parquet as pq
 
 from feather.atomic import write_json_atomic
 from feather.engines.runs import run_attention
+from feather.kernels.cache_reuse import (
+    CAPACITY,
+    LRU,
+    ColdRule,
+    cold_kv_tokens,
+    trace_cold_kv_tokens,
+)
+from feather.models import get_model
 from feather.provenance import collect_provenance, host_facts
 from feather.sim.step_fit import (
     FEATURES,
@@ -50,8 +58,11 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def load_run(run_dir: str | Path) -> dict[str, Any]:
-    """One real run: its steps' features and target seconds, and what it was."""
+def load_run(run_dir: str | Path, rule: ColdRule | None = None) -> dict[str, Any]:
+    """One real run: its steps' features and target seconds, and what it was. `rule`: count
+    the cold KV tokens by the capacity rule from the trace's shapes
+    (`feather.kernels.cache_reuse.trace_cold_kv_tokens`) instead of taking the engine's
+    adjacent count."""
     run_dir = Path(run_dir)
     trace_path, summary_path = run_dir / "trace.parquet", run_dir / "summary.json"
     if not trace_path.is_file() or not summary_path.is_file():
@@ -70,6 +81,8 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
     # the kernel's cold KV tokens (feather.engines.vllm.attention_timer); traces written
     # before it, or by an engine whose attention op is not hooked, have none: priced at 0
     cold = trace.get("kernel_cold_kv_tokens") or [None] * len(trace["step_cpu_s"])
+    if rule is not None and rule.kind == CAPACITY:
+        cold = _capacity_cold(run_dir, trace, int(engine.get("block_size") or 0), rule)
     shapes = zip(trace["seq_context_tokens"], trace["seq_new_tokens"], cold, strict=True)
     features = np.array([step_features(c, n, k or 0) for c, n, k in shapes])
     target = np.clip(np.array(trace["step_cpu_s"]) - np.array(trace["policy_cpu_s"]), 0, None)
@@ -95,6 +108,31 @@ def load_run(run_dir: str | Path) -> dict[str, Any]:
         "features": features,
         "target": target,
     }
+
+
+def _capacity_cold(
+    run_dir: Path, trace: dict[str, list[Any]], block_size: int, rule: ColdRule
+) -> list[float]:
+    """Each step's cold KV tokens under the capacity rule: from the kernel's own rows where
+    the trace kept them (the function the simulator prices with), else from the steps'
+    shapes where they decide it (`trace_cold_kv_tokens`)."""
+    rows = trace.get("kernel_block_ids")
+    try:
+        if rows is not None and all(r is not None for r in rows):
+            return [
+                cold_kv_tokens(zip(b, c, n, strict=True), block_size, rule)
+                for b, c, n in zip(rows, trace["kernel_context_tokens"],
+                                   trace["kernel_new_tokens"], strict=True)
+            ]  # fmt: skip
+        if "shared_prefix_tokens" not in trace:
+            raise ValueError("the trace lacks shared_prefix_tokens")
+        return [
+            trace_cold_kv_tokens(c, n, p or 0, block_size, rule)
+            for c, n, p in zip(trace["seq_context_tokens"], trace["seq_new_tokens"],
+                               trace["shared_prefix_tokens"], strict=True)
+        ]  # fmt: skip
+    except ValueError as exc:
+        raise CalibrationInputError(f"{run_dir}: {exc}") from None
 
 
 def _same(runs: list[dict[str, Any]], key: str) -> Any:
@@ -197,17 +235,68 @@ def _l2_bytes() -> int | None:
     return None
 
 
+DTYPE_BYTES = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}
+
+
+def capacity_rule(
+    run_dir: str | Path,
+    cache_bytes: int | None = None,
+    cache: str | None = None,
+    replacement: str = LRU,
+) -> tuple[ColdRule, dict[str, Any]]:
+    """The capacity rule for one run's model, block size and backend on a cache of
+    `cache_bytes` (default: the per-core L2 its host reported), and its record for the fit
+    file: items are one head's K and V of one block in the engine's KV dtype."""
+    from feather.workloads.cache_regime import per_core_l2_bytes
+
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    provenance = summary["provenance"]
+    engine = provenance.get("engine") or {}
+    config = provenance["config"]
+    model = get_model(config.get("model") or (config.get("setup") or {}).get("model"))
+    dtype = str(engine.get("dtype"))
+    if dtype not in DTYPE_BYTES:
+        raise CalibrationInputError(f"{run_dir}: no element size known for KV dtype {dtype}")
+    if cache_bytes is None:
+        cache_bytes = per_core_l2_bytes((provenance.get("host") or {}).get("cpu_caches") or [])
+        cache = cache or "L2 per core (the runs' host)"
+        if not cache_bytes:
+            raise CalibrationInputError(f"{run_dir}: its host reported no L2: give cache_bytes")
+    item = int(engine["block_size"]) * model.head_dim * 2 * DTYPE_BYTES[dtype]
+    read_once = (run_attention(summary) or "vllm") == "cascade"
+    rule = ColdRule(CAPACITY, max(1, cache_bytes // item), read_once, replacement)
+    return rule, {
+        "kind": CAPACITY,
+        "capacity_blocks": rule.capacity_blocks,
+        "read_once": read_once,
+        "replacement": replacement,
+        "cache_bytes": cache_bytes,
+        "cache": cache or "given",
+        "item_bytes": item,
+        "order": "one KV head's blocks for every sequence, then the next head's",
+    }
+
+
 def calibrate(
     run_dirs: Sequence[str | Path],
     out: str | Path,
     holdout_repeats: Sequence[int] = DEFAULT_HOLDOUT_REPEATS,
     holdout_trace: str | Path | None = None,
+    cold_rule: str = "adjacent",
+    cache_bytes: int | None = None,
+    replacement: str = LRU,
 ) -> dict[str, Any]:
     """Fit, evaluate, and write the fit file `out` (and, if asked, the held-out steps as a
-    parquet table for tests)."""
-    runs = [load_run(d) for d in run_dirs]
-    if not runs:
+    parquet table for tests). `cold_rule` "capacity" counts cold KV tokens against a cache
+    of `cache_bytes` (`capacity_rule`) instead of the engine's adjacent count."""
+    if not run_dirs:
         raise CalibrationInputError("no run directories given")
+    rule, rule_doc = (
+        capacity_rule(run_dirs[0], cache_bytes, replacement=replacement)
+        if cold_rule == CAPACITY
+        else (None, None)
+    )
+    runs = [load_run(d, rule) for d in run_dirs]
     for key in ("engine", "model", "dtype", "block_size", "device", "cold_measured", "attention"):
         _same(runs, key)
     if runs[0]["device"] != "cpu":
@@ -255,6 +344,7 @@ def calibrate(
             **measure_host_rates(threads),
         },
         "holdout_repeats": list(holdout_repeats),
+        **({"cold_rule": rule_doc} if rule_doc is not None else {}),
         "runs": [
             {
                 "dir": r["dir"],
@@ -270,7 +360,12 @@ def calibrate(
             for r in runs
         ],
         "fit_quality": quality,
-        "command": shlex.join(["feather", "calibrate", "cpu-step", *map(str, run_dirs)]),
+        "command": shlex.join([
+            "feather", "calibrate", "cpu-step", *map(str, run_dirs),
+            *(["--cold-rule", cold_rule] if rule_doc else []),
+            *(["--cache-bytes", str(cache_bytes)] if rule_doc and cache_bytes else []),
+            *(["--replacement", replacement] if rule_doc and replacement != LRU else []),
+        ]),
         "provenance": collect_provenance(
             config={"runs": [str(d) for d in run_dirs], "holdout_repeats": list(holdout_repeats)},
         ),

@@ -45,10 +45,11 @@ from typing import Any
 
 import numpy as np
 
-from feather.kernels.traffic import cold_decode_kv_tokens
+from feather.kernels.cache_reuse import ADJACENT, CAPACITY, LRU, ColdRule, cold_kv_tokens
 from feather.sim.batch_step import BatchStep
 
 SCHEMA = "feather.step_time_fit/1"
+ADJACENT_RULE = ColdRule(ADJACENT)  # the paper-default rule, and fit files before the capacity one
 FEATURES = ("fixed", "seqs", "tokens", "prefill_pairs", "decode_kv_tokens", "cold_decode_kv_tokens")
 
 
@@ -75,10 +76,11 @@ def step_features(
     ]  # fmt: skip
 
 
-def batch_features(batch: BatchStep) -> list[float]:
+def batch_features(batch: BatchStep, rule: ColdRule = ADJACENT_RULE) -> list[float]:
+    """A simulated step's regressors, its cold KV tokens counted by the fit's `rule`."""
     seqs = batch.seqs
-    cold = cold_decode_kv_tokens(
-        ((s.block_ids, s.context_tokens, s.new_tokens) for s in seqs), batch.block_size
+    cold = cold_kv_tokens(
+        ((s.block_ids, s.context_tokens, s.new_tokens) for s in seqs), batch.block_size, rule
     )
     return step_features([s.context_tokens for s in seqs], [s.new_tokens for s in seqs], cold)
 
@@ -94,13 +96,15 @@ class StepTimeFit:
     source: str  # the file it was read from
     unfitted: tuple[str, ...] = ()  # features the file predates (priced at 0)
     attention: str = "vllm"  # the engine's attention backend in the runs fitted
+    cold_rule: ColdRule = ADJACENT_RULE  # how its cold KV tokens were counted (adjacent: files
+    # before the capacity rule)
 
     def __post_init__(self) -> None:
         if len(self.coefficients) != len(FEATURES):
             raise ValueError(f"a step-time fit needs {len(FEATURES)} coefficients")
 
     def time_s(self, batch: BatchStep) -> float:
-        return float(np.dot(self.coefficients, batch_features(batch)))
+        return float(np.dot(self.coefficients, batch_features(batch, self.cold_rule)))
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -165,8 +169,23 @@ def load_fit(path: str | Path) -> tuple[StepTimeFit, dict[str, Any]]:
         source=path.name,
         unfitted=FEATURES[len(named) :],
         attention=str(doc.get("attention", "vllm")),  # files before backends were recorded
+        cold_rule=cold_rule_of(doc),
     )
     return fit, doc
+
+
+def cold_rule_of(doc: dict[str, Any]) -> ColdRule:
+    """The fit file's `cold_rule` (kind, capacity_blocks, read_once); `adjacent` where the
+    file predates it."""
+    rule = doc.get("cold_rule") or {"kind": ADJACENT}
+    if rule["kind"] == CAPACITY:
+        return ColdRule(
+            CAPACITY,
+            int(rule["capacity_blocks"]),
+            bool(rule.get("read_once")),
+            str(rule.get("replacement", LRU)),
+        )
+    return ColdRule(rule["kind"])
 
 
 # the simulator's kernel -> the engine's attention backend whose fit prices it: the paged

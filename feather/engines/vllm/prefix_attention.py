@@ -302,9 +302,9 @@ class PrefixAwareCPUImpl(CPUAttentionBackendImpl):
         output[:num].view(num, self.num_heads, self.head_size).copy_(result)
         attention_timer.add(
             time.perf_counter() - started,
-            lambda: attention_timer.cold_kv_tokens(
+            lambda: (attention_timer.kernel_rows(
                 attn_metadata.block_table[:num], attn_metadata.query_start_loc[: num + 1],
-                attn_metadata.seq_lens[:num], kv_cache.shape[2]),
+                attn_metadata.seq_lens[:num], kv_cache.shape[2]), kv_cache.shape[2]),
         )
         if alone is None:
             attention_plugin.count(self.mode)

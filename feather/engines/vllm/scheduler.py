@@ -104,6 +104,12 @@ class StepRow:
     # decode KV tokens not shared with the request before each in the kernel's order, from
     # the kernel's block table (attention_timer; the step-time fit's homogeneity term)
     kernel_cold_kv_tokens: int | None = None
+    # each sequence the kernel read, in its order: block ids, context and new tokens (None:
+    # not seen), so a cold-KV rule with a cache capacity can be counted offline
+    # (feather/kernels/cache_reuse.py)
+    kernel_block_ids: list[list[int]] | None = None
+    kernel_context_tokens: list[int] | None = None
+    kernel_new_tokens: list[int] | None = None
     sampled_tokens: int = 0
     finished: int = 0
     # per scheduled request, in the order of num_scheduled_tokens: tokens with KV before the
@@ -289,6 +295,10 @@ class _FeatherSchedulingMixin:
             if attention is not None:
                 row.attention_s = attention.seconds
                 row.kernel_cold_kv_tokens = attention.cold_kv_tokens
+                if attention.rows is not None:
+                    row.kernel_block_ids = [list(b) for b, _, _ in attention.rows]
+                    row.kernel_context_tokens = [c for _, c, _ in attention.rows]
+                    row.kernel_new_tokens = [n for _, _, n in attention.rows]
             cpu_started = (
                 self._last_update_cpu
                 if self._last_update_cpu is not None
