@@ -300,8 +300,9 @@ def logged_to(path):
 
 
 def all_cores(wildcards):
-    """Threads of a job that runs alone: every core Snakemake was given (the online job:
-    a server, its engine core and the load client are three processes).
+    """Threads of a job that runs alone: every core Snakemake was given (the online job: a
+    server, its engine core and the load client are three processes; the kernel benches,
+    which flush the caches before each launch: a neighbour's reads would refill them).
 
     A function, evaluated per job, not `workflow.cores` at parse time: `snakemake --unlock`,
     `--report` and `--cleanup-metadata` (no --cores) then still parse the workflow. On a

@@ -38,7 +38,7 @@ rule kernels_bench:
         job=lambda wc: f"kernels_bench_{wc.machine}",
     log:
         "logs/kernels/{machine}.log",
-    threads: measuring_cores  # it measures time, with one torch thread
+    threads: all_cores  # alone: it flushes the caches before each launch and times one
     priority: 1  # the measuring jobs run one after another: start the chain early
     resources:
         **MEASURES_TIME,
@@ -89,7 +89,7 @@ rule cpu_attn_bench:
         sweep="default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP,
     log:
         "logs/kernels/cpu_attn.log",
-    threads: measuring_cores  # it measures time, with one thread
+    threads: all_cores  # alone: it flushes the caches before each launch and times one
     priority: 1  # the measuring jobs run one after another: start the chain early
     resources:
         **MEASURES_TIME,
