@@ -14,9 +14,9 @@ from feather.cli.common import (
 )
 from feather.cli_values import seed
 from feather.engine_limits import ENGINE_MODES
+from feather.engines.runs import PREFIX_CACHE_CHOICES
 from feather.kernels.plan import KERNELS
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL, DEFAULT_REASON
-from feather.sim.warm_start import PREFIX_CACHE_STARTS
 
 # what a run is, given as flags; --spec gives all of it instead
 RUN_FLAGS = ("workload", "scheduler", "hardware", "model")
@@ -127,7 +127,7 @@ def register(commands: Any) -> None:
     )
     sim.add_argument(
         "--prefix-cache",
-        choices=PREFIX_CACHE_STARTS,
+        choices=PREFIX_CACHE_CHOICES,
         default="cold",
         help="warm: every prefix group's shared prefix is cached before the first request "
         "(a server that has served the documents; the real engine's option of that name)",

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from feather.chunk_hash import chunk_hashes
 from feather.engine_limits import DEFAULT_MAX_NUM_SEQS, ENGINE_MODES
+from feather.engines.runs import PREFIX_CACHE_CHOICES
 from feather.policies.base import AdmissionPolicy, Request, StepContext, StepOutcome
 from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.kv_pool import BlockPool
@@ -52,7 +53,7 @@ from feather.sim.sched_cost import StepWork
 from feather.sim.sglang_step import SglangStep
 from feather.sim.step_plan import StepPlan
 from feather.sim.vllm_step import VllmStep
-from feather.sim.warm_start import PREFIX_CACHE_STARTS, WarmStart, warm_prefixes
+from feather.sim.warm_start import WarmStart, warm_prefixes
 from feather.timing import SchedulingTimer
 from feather.workloads.schema import WorkloadRequest
 
@@ -94,9 +95,9 @@ class EngineConfig:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
-        if self.prefix_cache not in PREFIX_CACHE_STARTS:
+        if self.prefix_cache not in PREFIX_CACHE_CHOICES:
             raise ValueError(
-                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_STARTS)}, "
+                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_CHOICES)}, "
                 f"got {self.prefix_cache!r}"
             )
         if self.prefix_cache == "warm" and not self.enable_prefix_caching:

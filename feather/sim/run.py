@@ -25,6 +25,7 @@ import pyarrow as pa
 
 import feather
 from feather.engine_limits import DEFAULT_MAX_NUM_SEQS
+from feather.engines.runs import PREFIX_CACHE_CHOICES
 from feather.kernels.plan import KERNELS
 from feather.metrics import latency_summary
 from feather.models import get_model
@@ -41,7 +42,6 @@ from feather.sim.hardware import get_hardware
 from feather.sim.oracle import roofline
 from feather.sim.sched_cost import SchedulingCostModel, cost_model
 from feather.sim.sched_measured import COST_MODELS, DEFAULT_COST_MODEL
-from feather.sim.warm_start import PREFIX_CACHE_STARTS
 from feather.telemetry import not_applicable
 from feather.workloads import Workload, load_workload
 from feather.workloads.regime import regime_fields, shared_prefix_tokens_of
@@ -74,9 +74,9 @@ class SimulationSpec:
     prefix_cache: str = "cold"
 
     def __post_init__(self) -> None:
-        if self.prefix_cache not in PREFIX_CACHE_STARTS:
+        if self.prefix_cache not in PREFIX_CACHE_CHOICES:
             raise ValueError(
-                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_STARTS)}, "
+                f"prefix_cache must be one of {', '.join(PREFIX_CACHE_CHOICES)}, "
                 f"got {self.prefix_cache!r}"
             )
         if self.kernel not in KERNELS:

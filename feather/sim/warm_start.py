@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from feather.chunk_hash import chunk_hashes
 from feather.sim.kv_pool import BlockPool
 from feather.workloads.schema import WorkloadRequest
-
-PREFIX_CACHE_STARTS = ("cold", "warm")  # as the real engine's `prefix_cache` option
+from feather.workloads.warm_up import warm_up_requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +34,9 @@ class WarmStart:
 
 def group_prefixes(requests: Sequence[WorkloadRequest]) -> dict[str, Sequence[int]]:
     """Each prefix group's shared prefix tokens, from its first request in workload order
-    (the order the real warm-up takes them)."""
-    prefixes: dict[str, Sequence[int]] = {}
-    for r in requests:
-        if r.shared_prefix_len > 0 and r.group_id not in prefixes:
-            prefixes[r.group_id] = r.prompt_token_ids[: r.shared_prefix_len]
-    return prefixes
+    (the order the real warm-up takes them; `warm_up_requests`)."""
+    return {r.group_id: r.prompt_token_ids[: r.shared_prefix_len]
+            for r in warm_up_requests(requests)}  # fmt: skip
 
 
 def warm_prefixes(pool: BlockPool, requests: Sequence[WorkloadRequest]) -> WarmStart:
@@ -48,8 +44,6 @@ def warm_prefixes(pool: BlockPool, requests: Sequence[WorkloadRequest]) -> WarmS
     and free in `pool`. Raises where no request shares a prefix (nothing to warm), as the
     real engine does."""
     prefixes = group_prefixes(requests)
-    if not prefixes:
-        raise ValueError("prefix_cache 'warm': no request of the workload shares a prefix to cache")
     if not pool.enable_caching:
         raise ValueError("prefix_cache 'warm' needs prefix caching on")
     bs = pool.block_size

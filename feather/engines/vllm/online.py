@@ -89,18 +89,16 @@ class OnlineDataset:
 
 
 def group_prompts(workload_path: str) -> list[str]:
-    """The text of each prefix group's first request, in order of first arrival (what a
-    warm start serves before a run); a workload without shared prefixes has none."""
+    """The text of each prefix group's first request, in order of first arrival: what a
+    warm start serves before a run (`warm_up_requests`, which refuses a workload without
+    shared prefixes)."""
     from feather.workloads import load_workload
     from feather.workloads.tokenizer import load_tokenizer
+    from feather.workloads.warm_up import warm_up_requests
 
-    workload = load_workload(workload_path)
     tokenizer = load_tokenizer(None)
-    first: dict[Any, list[int]] = {}
-    for r in workload.requests:
-        if r.shared_prefix_len > 0 and r.group_id not in first:
-            first[r.group_id] = list(map(int, r.prompt_token_ids))
-    return [tokenizer.decode(ids) for ids in first.values()]
+    return [tokenizer.decode(list(map(int, r.prompt_token_ids)))
+            for r in warm_up_requests(load_workload(workload_path).requests)]  # fmt: skip
 
 
 def write_custom_jsonl(workload_path: str, out: Path) -> tuple[Path, int, int]:
@@ -313,11 +311,7 @@ def run_online_sweep(
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     dataset_args, num_prompts, longest = sweep.dataset.client_args(work)
-    warm_up: list[str] = []
-    if sweep.prefix_cache == "warm":
-        warm_up = group_prompts(str(sweep.dataset.workload))
-        if not warm_up:
-            raise ValueError("prefix_cache 'warm': no request of the workload shares a prefix")
+    warm_up = group_prompts(str(sweep.dataset.workload)) if sweep.prefix_cache == "warm" else []
     max_model_len = max(1024, math.ceil((longest + 64 + sweep.dataset.output_len) / 1024) * 1024)
     ordered = sorted(sweep.schedulers, key=lambda s: s[0] != "fcfs")  # fcfs first: capacity
     rows: list[dict[str, Any]] = []

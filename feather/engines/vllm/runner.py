@@ -430,15 +430,13 @@ class VllmSession:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prefixes: dict[Any, list[int]] = {}
-        for r in workload.requests:
-            if r.shared_prefix_len > 0 and r.group_id not in prefixes:
-                prefixes[r.group_id] = r.prompt_token_ids[: r.shared_prefix_len].tolist()
-        if not prefixes:
-            raise ValueError(
-                "prefix_cache 'warm': no request of the workload shares a prefix to cache"
-            )
         from feather.engines.vllm.scheduler import NATIVE_FCFS
+        from feather.workloads.warm_up import warm_up_requests
+
+        prefixes = {
+            r.group_id: r.prompt_token_ids[: r.shared_prefix_len].tolist()
+            for r in warm_up_requests(workload.requests)
+        }
 
         self.scheduler.use_policy(NATIVE_FCFS, {}, 0, list(prefixes))
         outputs = self.llm.generate(
