@@ -73,8 +73,10 @@ def _cmd_bench_never_worse(args: argparse.Namespace) -> int:
 
     from feather.atomic import write_json_atomic
     from feather.bench import never_worse as nw
+    from feather.gc_tuning import collect_less
     from feather.provenance import collect_provenance
 
+    collect_less()
     policy_files = {}
     for item in args.policy or []:
         name, sep, path = item.partition("=")

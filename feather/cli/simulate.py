@@ -23,9 +23,11 @@ RUN_FLAGS = ("workload", "scheduler", "hardware", "model")
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    from feather.gc_tuning import collect_less
     from feather.sim.run import simulate, stderr_progress, write_run
     from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec
 
+    collect_less()
     run_spec = spec_or_flags(args, RUN_FLAGS, RunSpec.load, _spec_from_flags)
     run_spec.register_profiles()
     spec = run_spec.simulation

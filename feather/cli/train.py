@@ -22,11 +22,13 @@ TRAIN_FLAGS = ("learner", "train_workload", "hardware", "model")
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from feather.gc_tuning import collect_less
     from feather.provenance import collect_provenance
     from feather.sim.run import stderr_progress
     from feather.sim.run_spec import TrainSpec
     from feather.sim.training import evaluate, train
 
+    collect_less()
     spec = spec_or_flags(args, TRAIN_FLAGS, TrainSpec.load, _spec_from_flags)
     spec.register_profiles()
     base = spec.simulation
