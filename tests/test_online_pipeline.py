@@ -85,6 +85,17 @@ def _repetition_without(spec: dict, key: str) -> None:
     spec["sweeps"]["default"]["datasets"] = ["prefix_repetition"]
 
 
+def test_a_sweep_gives_its_own_repeats_else_the_files(tmp_path: Path) -> None:
+    spec = yaml.safe_load(SPEC.read_text())
+    spec["repeats"] = 4
+    spec["sweeps"]["default"]["repeats"] = 2
+    spec["sweeps"]["full"].pop("repeats", None)
+    path = tmp_path / "online.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    assert {job.repeats for job in load_online_jobs(path, "default", CONFIG)} == {2}
+    assert {job.repeats for job in load_online_jobs(path, "full", CONFIG)} == {4}
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -92,14 +103,16 @@ def _repetition_without(spec: dict, key: str) -> None:
         (lambda s: s["sweeps"]["default"].update(schedulers=["fcfs", "nope"]), "['nope']"),
         (lambda s: s["sweeps"]["default"].update(load_fractions=[0.5, -1]), "load_fractions"),
         (lambda s: s["sweeps"]["default"].update(datasets=["absent"]), "'absent'"),
-        (lambda s: s["sweeps"]["default"].pop("datasets"), "sweeps.default needs exactly"),
+        (lambda s: s["sweeps"]["default"].pop("datasets"), "sweeps.default needs"),
         (lambda s: s["engine"].update(num_blocks=0), "engine takes whole numbers"),
         (lambda s: s["engine"].update(swap=1), "engine takes whole numbers"),
         (lambda s: s.update(surprise=1), "unknown keys ['surprise']"),
         (lambda s: _repetition_without(s, "suffix_len"), "prefix_repetition needs"),
+        (lambda s: s["sweeps"]["default"].update(repeats=0), "sweeps.default.repeats"),
+        (lambda s: s["sweeps"]["default"].update(rates=[1]), "may give ['repeats']"),
     ],
     ids=["no-fcfs", "unknown-scheduler", "fraction", "dataset", "sweep-keys", "engine-range",
-         "engine-key", "top-key", "repetition"],
+         "engine-key", "top-key", "repetition", "sweep-repeats", "sweep-extra-key"],
 )
 def test_a_broken_spec_stops_with_the_key_named(change, says, tmp_path: Path) -> None:
     spec = yaml.safe_load(SPEC.read_text())

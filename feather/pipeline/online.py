@@ -24,6 +24,7 @@ SPEC_FIELDS = {
 }  # fmt: skip
 GPU_FIELDS = {"model", "engine"}  # what a GPU box serves instead (`gpu:`)
 SWEEP_FIELDS = {"schedulers", "load_fractions", "datasets"}
+SWEEP_OPTIONAL = {"repeats"}  # a sweep's own runs per rate (else the file's `repeats`)
 ENGINE_FIELDS = {"max_num_seqs", "num_blocks", "max_num_batched_tokens", "threads"}
 PREFIX_REPETITION_FIELDS = {"num_prefixes", "prefix_len", "suffix_len", "output_len", "num_prompts"}
 
@@ -93,8 +94,10 @@ def load_online_jobs(
     if sweep not in sweeps:
         raise ExperimentError(f"{path}: sweeps has no {sweep!r}; sweeps: {sorted(sweeps)}")
     chosen = sweeps[sweep]
-    if not isinstance(chosen, dict) or set(chosen) != SWEEP_FIELDS:
-        raise ExperimentError(f"{path}: sweeps.{sweep} needs exactly {sorted(SWEEP_FIELDS)}")
+    if (not isinstance(chosen, dict) or not set(chosen) >= SWEEP_FIELDS
+            or set(chosen) - SWEEP_FIELDS - SWEEP_OPTIONAL):
+        raise ExperimentError(f"{path}: sweeps.{sweep} needs {sorted(SWEEP_FIELDS)} "
+                              f"(and may give {sorted(SWEEP_OPTIONAL)})")
     engine = spec.get("engine") or {}
     model = spec.get("model", "tiny-llama")
     if hardware != "cpu":
@@ -139,9 +142,10 @@ def load_online_jobs(
         )
         for n in names
     )
-    repeats = spec.get("repeats", 3)
+    repeats = chosen.get("repeats", spec.get("repeats", 3))  # the sweep's, else the file's
     if not _whole(repeats):
-        raise ExperimentError(f"{path}: repeats must be a whole number >= 1, got {repeats!r}")
+        raise ExperimentError(f"{path}: sweeps.{sweep}.repeats (or repeats) must be a whole "
+                              f"number >= 1, got {repeats!r}")
     repetition = spec.get("prefix_repetition") or {}
     workloads = spec.get("workloads") or {}
     jobs = []
