@@ -323,6 +323,18 @@ def measuring_cores(wildcards):
 MEASURES_TIME = {"measures_time": 1}  # profiles/default: measures_time=1
 
 
+def cpu_time_cores(wildcards):
+    """Threads of a job that measures one thread's CPU time (`time.thread_time`: the overhead
+    bench): one core, beside any other job, the measuring ones included - a neighbour on
+    another core does not add to a thread's CPU time as it adds to an engine step's wall time
+    (config `measure_alone: true`: every core, with `MEASURES_CPU_TIME` one measuring job at a
+    time, as before)."""
+    return workflow.cores if config.get("measure_alone") else 1
+
+
+MEASURES_CPU_TIME = MEASURES_TIME if config.get("measure_alone") else {}
+
+
 def gpu_resources(count):
     """A job's GPU resources: `gpu: count`, plus what every GPU job asks a cluster for (config
     `gpu_job_resources`, set by a cluster profile: SLURM's partition and GPU type, say); {}

@@ -58,10 +58,9 @@ rule overhead_bench:
         envs=lambda wc, input: " ".join(f"--env-status {shlex.quote(p)}" for p in input.envs),
     log:
         "logs/overhead/bench.log",
-    threads: measuring_cores  # it measures CPU time, one policy call at a time
-    priority: 1  # the measuring jobs run one after another: start the chain early
+    threads: cpu_time_cores  # it measures a thread's CPU time, one policy call at a time
     resources:
-        **MEASURES_TIME,
+        **MEASURES_CPU_TIME,
         # peak RSS measured here: default sweep 1.5 GB, full about 15 GB
         mem_mb=16000 if (OVERHEAD or {}).get("sweep") == "full" else 4000,
         runtime=job_runtime("overhead_bench", (OVERHEAD or {}).get("sweep", "default")),
