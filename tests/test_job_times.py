@@ -21,7 +21,7 @@ import yaml
 from fake_cuda import fake_cuda_install
 
 from feather.pipeline import job_times
-from feather.pipeline.job_times import JobTimesError, limit_minutes, measure, runtime
+from feather.pipeline.job_times import JobTimesError, limit_minutes, measure, measure_jobs, runtime
 
 REPO = Path(__file__).resolve().parents[1]
 RULE_FILES = [*sorted((REPO / "workflow" / "rules").glob("*.smk")), REPO / "Snakefile"]
@@ -173,6 +173,7 @@ def test_a_malformed_table_is_refused(tmp_path) -> None:
 
 
 LOG = """\
+Provided cores: 2
 [Sun Dec  6 13:13:55 2026]
 localrule simulate:
     output: results/a/sim/c5/r1/summary.json
@@ -184,7 +185,8 @@ localrule simulate:
 rule overhead_bench:
     output: results/cpu/overhead/bench.parquet
     jobid: 7
-    resources: tmpdir=/tmp, runtime=10
+    threads: 1
+    resources: tmpdir=/tmp, measures_time=1, runtime=10
 
 [Sun Dec  6 13:14:35 2026]
 Finished jobid: 20 (Rule: simulate)
@@ -200,3 +202,21 @@ def test_measure_reads_each_job_s_time_from_snakemake_s_log() -> None:
     table = job_times.measure_table(times)
     assert "| overhead_bench | 1 | 1.2 | 71 | 71 |" in table
     assert table.splitlines()[-1].startswith("| every job | 2 |")
+
+
+def test_the_shortest_run_is_bound_by_the_measuring_chain_or_by_the_other_jobs() -> None:
+    jobs = measure_jobs(LOG)
+    assert [(j.key, j.threads, j.measures_time) for j in jobs] == [
+        ("simulate[c5]", 1, False), ("overhead_bench", 1, True)]
+    assert job_times.provided_cores(LOG) == 2
+    chain_binds = [job_times.JobTime("engine", 600, 1, True),
+                   job_times.JobTime("online", 120, 2, True),
+                   job_times.JobTime("simulate", 300, 1, False)]
+    bound = job_times.shortest_run(chain_binds, cores=2)
+    assert bound["bound_min"] == 12.0 and bound["binds"] == "the measuring jobs"
+    # three times the simulations: 10 of their 15 job-minutes fit beside the engine, 5 spread
+    # over both cores
+    others_bind = [*chain_binds, *[job_times.JobTime("simulate", 300, 1, False)] * 2]
+    bound = job_times.shortest_run(others_bind, cores=2)
+    assert bound["bound_min"] == 14.5 and "other jobs" in bound["binds"]
+    assert "at least 14.5 min" in job_times.shortest_run_text(bound)

@@ -6,7 +6,8 @@ else reads it: the rules' `runtime=` resources (the wall-time limit a cluster ex
 job, `runtime(job, variant)`), and the docs and config comments point to it.
 
     python -m feather.pipeline.job_times show          # the table, with each job's limit
-    python -m feather.pipeline.job_times measure LOG   # job times from a snakemake run's log
+    python -m feather.pipeline.job_times measure LOG   # job times from a snakemake run's log,
+                                                       # and the least wall time they allow
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import statistics
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -125,15 +127,31 @@ _WILDCARDS = re.compile(r"^\s+wildcards: (.*)$")
 _FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\S+)\)$")
 
 
-def measure(log_text: str) -> dict[str, list[float]]:
-    """Seconds per finished job, grouped by rule (and by experiment for rules that have that
-    wildcard: `simulate[c5]`), from the log `snakemake` prints (its console output: a
-    timestamp line before each job starts and before each `Finished jobid:` line)."""
+_THREADS = re.compile(r"^\s+threads: (\d+)$")
+_RESOURCES = re.compile(r"^\s+resources: (.*)$")
+_CORES = re.compile(r"^Provided cores: (\d+)$")
+
+
+@dataclass(frozen=True)
+class JobTime:
+    """One finished job: its key (`simulate[c5]`), seconds, threads and whether it measures
+    time (`measures_time` in its resources: such jobs run one at a time)."""
+
+    key: str
+    seconds: float
+    threads: int = 1
+    measures_time: bool = False
+
+
+def measure_jobs(log_text: str) -> list[JobTime]:
+    """Every finished job in the log `snakemake` prints (its console output: a timestamp line
+    before each job starts and before each `Finished jobid:` line), keyed by rule (and by
+    experiment for rules that have that wildcard: `simulate[c5]`)."""
     now: datetime | None = None
     rule: str | None = None
     job: str | None = None  # the job whose block is being read
-    started: dict[str, tuple[str, datetime]] = {}
-    times: dict[str, list[float]] = defaultdict(list)
+    started: dict[str, dict[str, Any]] = {}
+    jobs: list[JobTime] = []
     for line in log_text.splitlines():
         if stamp := _STAMP.match(line):
             now = datetime.strptime(" ".join(stamp.group(1).split()), "%a %b %d %H:%M:%S %Y")
@@ -141,17 +159,70 @@ def measure(log_text: str) -> dict[str, list[float]]:
             rule = head.group(1)
         elif (jobid := _JOBID.match(line)) and rule and now:
             job = jobid.group(1)
-            started[job] = (rule, now)
-        elif (wildcards := _WILDCARDS.match(line)) and rule and job in started:
+            started[job] = {"key": rule, "start": now, "threads": 1, "measures_time": False}
+        elif job in started and rule and (wildcards := _WILDCARDS.match(line)):
             experiment = re.search(r"(?:^|, )experiment=([^,]+)", wildcards.group(1))
             if experiment:
-                started[job] = (f"{rule}[{experiment.group(1)}]", started[job][1])
+                started[job]["key"] = f"{rule}[{experiment.group(1)}]"
+        elif job in started and rule and (threads := _THREADS.match(line)):
+            started[job]["threads"] = int(threads.group(1))
+        elif job in started and rule and (resources := _RESOURCES.match(line)):
+            started[job]["measures_time"] = "measures_time=1" in resources.group(1).split(", ")
         elif (done := _FINISHED.match(line)) and now and done.group(1) in started:
-            key, start = started.pop(done.group(1))
-            times[key].append((now - start).total_seconds())
+            one = started.pop(done.group(1))
+            jobs.append(JobTime(one["key"], (now - one["start"]).total_seconds(),
+                                one["threads"], one["measures_time"]))
         if not line.strip():
             rule = job = None
+    return jobs
+
+
+def measure(log_text: str) -> dict[str, list[float]]:
+    """Seconds per finished job, grouped by key (`measure_jobs`)."""
+    times: dict[str, list[float]] = defaultdict(list)
+    for one in measure_jobs(log_text):
+        times[one.key].append(one.seconds)
     return dict(times)
+
+
+def provided_cores(log_text: str) -> int | None:
+    """The cores the run was given (`Provided cores: N`)."""
+    found = next((_CORES.match(line) for line in log_text.splitlines() if _CORES.match(line)),
+                 None)
+    return int(found.group(1)) if found else None
+
+
+def shortest_run(jobs: list[JobTime], cores: int) -> dict[str, Any]:
+    """The least wall time these jobs allow on `cores` (minutes), and what binds it.
+
+    Jobs that measure time run one at a time: those that take every core (`exclusive`: the
+    kernel benches, online serving) with nothing beside them, the others (`chain`: an engine
+    with one thread, given every core but one) with one other job beside them; every other
+    job takes a core. So the
+    run lasts at least exclusive + chain, and at least exclusive + chain + what the other jobs
+    leave over after the one core beside the chain, spread over every core. A bound: a real
+    run adds the waits of its dependencies and the figures after the last measurement."""
+    exclusive = sum(j.seconds for j in jobs if j.measures_time and j.threads >= cores) / 60
+    chain = sum(j.seconds for j in jobs if j.measures_time and j.threads < cores) / 60
+    others = sum(j.seconds for j in jobs if not j.measures_time) / 60
+    rest = max(0.0, others - chain) / cores  # a chain job leaves one core: one job beside it
+    return {
+        "cores": cores,
+        "exclusive_min": exclusive,
+        "chain_min": chain,
+        "other_job_min": others,
+        "bound_min": exclusive + chain + rest,
+        "binds": "the measuring jobs" if rest == 0 else "the measuring jobs and the other jobs",
+    }
+
+
+def shortest_run_text(bound: dict[str, Any]) -> str:
+    return (
+        f"on {bound['cores']} cores: measuring jobs alone {bound['exclusive_min']:.1f} min, "
+        f"measuring jobs with one job beside {bound['chain_min']:.1f} min, other jobs "
+        f"{bound['other_job_min']:.1f} job-min: at least {bound['bound_min']:.1f} min "
+        f"({bound['binds']} bind it)"
+    )
 
 
 def measure_table(times: dict[str, list[float]]) -> str:
@@ -201,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.log}: no finished jobs with timestamps found", file=sys.stderr)
             return 1
         print(measure_table(times))
+        cores = provided_cores(args.log.read_text(errors="replace"))
+        if cores:
+            print("\n" + shortest_run_text(shortest_run(measure_jobs(
+                args.log.read_text(errors="replace")), cores)))
     return 0
 
 
