@@ -95,3 +95,40 @@ def test_a_warm_start_needs_a_workload_of_ours() -> None:
     with pytest.raises(ValueError, match="prefix_cache must be one of"):
         OnlineSweep(schedulers=SCHEDULERS, dataset=OnlineDataset(kind="prefix-repetition"),
                     prefix_cache="hot")  # fmt: skip
+
+
+LEARNING_WORKLOAD = (
+    "synthetic:groups=2,per_group=6,prefix=512,suffix=32,output=24,order=shuffled,seed=2"
+)
+
+
+def test_a_learner_learns_while_it_serves_and_its_table_outlives_the_server(tmp_path) -> None:
+    """feather-ucb from scratch behind `vllm serve`: the engine process credits its decisions
+    with the measured steps and saves the table as it changes; the sweep reports it, and a
+    later server can go on from the file (params policy_file)."""
+    from feather.policies import create_scheduler
+
+    workload = write_workload(build(LEARNING_WORKLOAD), tmp_path / "learn.parquet")
+    setup = OnlineSweep(
+        schedulers=(("fcfs", "fcfs", ()), ("feather-ucb", "feather-ucb", ())),
+        dataset=OnlineDataset(kind="workload", workload=str(workload)),
+        load_fractions=(0.5,),
+        repeats=1,
+        model="tiny-llama",
+        max_num_seqs=4,
+        num_blocks=40,
+        model_root=str(tmp_path / "models"),
+    )
+    result = run_online_sweep(setup, tmp_path / "out")
+    assert set(result["learned"]) == {"feather-ucb"}  # fcfs learns nothing, keeps no table
+    learned = result["learned"]["feather-ucb"]
+    saved = Path(learned["policy_file"])
+    assert saved == tmp_path / "out" / "work" / "feather-ucb" / "policy.json"
+    assert learned["updates"] > 0 and learned["states"] >= 1, learned
+    decided = sum(row["policy_add"] + row["policy_stop"] for row in result["rows"]
+                  if row["scheduler"] == "feather-ucb")
+    assert decided > 0
+    # the saved table is where a later server goes on learning from
+    resumed = create_scheduler("feather-ucb", policy_file=str(saved))
+    assert resumed.updates == learned["updates"] and not resumed.frozen
+    assert set(resumed.greedy_policy()) == set(learned["policy"])

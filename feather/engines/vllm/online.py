@@ -317,7 +317,13 @@ def run_online_sweep(
     rows: list[dict[str, Any]] = []
     capacity: float | None = None
     servers: dict[str, Any] = {}
+    learned: dict[str, Any] = {}
     for label, cls, params in ordered:
+        # a learner learns while it serves: its table, saved as it changes, outlives the server
+        # (a later sweep goes on from it with params policy_file=<this file>)
+        policy_out = work / label / "policy.json"
+        if Path(dict(params).get("policy_file") or "").resolve() != policy_out.resolve():
+            policy_out.unlink(missing_ok=True)  # an earlier sweep's table is not this one's
         setup = ServeSetup(
             model=sweep.model,
             scheduler=cls,
@@ -331,6 +337,7 @@ def run_online_sweep(
             model_root=sweep.model_root,
             dev_endpoints=True,  # /reset_prefix_cache before every run
             attention=sweep.attention,
+            policy_out=str(policy_out),
         )
         say(f"{label}: starting vllm serve")
         with VllmServer(setup, work / label) as server:
@@ -370,6 +377,8 @@ def run_online_sweep(
                     **pooled(raws),
                     "repeats_detail": [summarise(raw) for raw in raws],
                 })  # fmt: skip
+        if policy_out.is_file():
+            learned[label] = learned_table(policy_out)
     return {
         "capacity_rps": capacity,
         "rows": rows,
@@ -379,7 +388,21 @@ def run_online_sweep(
         "max_model_len": max_model_len,
         "attention": sweep.attention,
         "prefix_cache": sweep.prefix_cache,
+        "learned": learned,
     }
+
+
+def learned_table(path: Path) -> dict[str, Any]:
+    """What a learner served with learned: its saved table's file, updates and states with
+    their greedy action (and visits), as `feather train` reports a table."""
+    from feather.policies import create_scheduler
+
+    name = json.loads(path.read_text())["policy"]
+    policy = create_scheduler(name, policy_file=str(path), frozen=True)
+    states = policy.greedy_policy()  # type: ignore[attr-defined]
+    return {"policy_file": str(path), "learner": name,
+            "updates": policy.updates,  # type: ignore[attr-defined]
+            "states": len(states), "policy": states}
 
 
 def _one_rate(

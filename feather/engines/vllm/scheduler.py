@@ -57,6 +57,10 @@ class FeatherSettings:
     # rewritten atomically at every arrival, step and free: a served engine runs in its own
     # process, and this is how a client or a test sees that nothing leaks. None: not written.
     state_file: str | None = None
+    # where a learning policy keeps its table (`save`), rewritten atomically after every step
+    # that updated it: what a served engine learns outlives the server, and the next one goes
+    # on from it (params `policy_file` = this file). None: kept in memory only.
+    policy_out: str | None = None
     # keep a row per step and per request (the offline runner's traces, `trace_rows()`); off,
     # what a served engine keeps stays bounded however long it serves (a row per step would
     # grow without end under `vllm serve`)
@@ -164,6 +168,8 @@ class _FeatherSchedulingMixin:
         self._policy_queue: PolicyWaitingQueue | None = None
         settings = FeatherSettings.from_vllm_config(self.vllm_config)
         self._state_file = Path(settings.state_file) if settings.state_file else None
+        self._policy_out = Path(settings.policy_out) if settings.policy_out else None
+        self._saved_updates: int | None = None  # the policy's updates when last saved
         self._records = settings.records
         self.requests_added = 0  # since the engine started, over every policy
         self.requests_freed = 0
@@ -319,6 +325,7 @@ class _FeatherSchedulingMixin:
                         row.batch_size, row.sampled_tokens, row.step_time_s, row.prefill_tokens
                     )
                 )
+                self._keep_policy()
         self._last_update, self._last_update_cpu = now, now_cpu
         self._write_state()
         return outputs
@@ -364,6 +371,16 @@ class _FeatherSchedulingMixin:
             "decisions": dict(self.decisions),
             "policy": self.policy.footprint() if self.policy is not None else None,
         }
+
+    def _keep_policy(self) -> None:
+        """Save a learning policy's table where `policy_out` says, when it has changed."""
+        policy = self.policy
+        if self._policy_out is None or policy is None or getattr(policy, "frozen", True):
+            return
+        updates = getattr(policy, "updates", None)
+        if updates is not None and updates != self._saved_updates:
+            policy.save(self._policy_out)  # type: ignore[attr-defined]
+            self._saved_updates = updates
 
     def _write_state(self) -> None:
         if self._state_file is not None:

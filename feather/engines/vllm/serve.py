@@ -101,6 +101,8 @@ class ServeSetup:
     # vLLM's own attention backend, or our prefix-aware one in a mode (cascade, pat): the
     # engine process vLLM spawns loads it through the plugin entry point from the environment
     attention: str = "vllm"
+    # where a learning policy keeps its table as it learns (FeatherSettings.policy_out)
+    policy_out: str | None = None
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_CHOICES:
@@ -116,6 +118,8 @@ class ServeSetup:
         }
         if state_file is not None:
             settings["state_file"] = str(state_file)
+        if self.policy_out is not None:
+            settings["policy_out"] = self.policy_out
         return {"feather": settings}
 
     def command(self, model_dir: Path, port: int, state_file: Path | None) -> list[str]:
