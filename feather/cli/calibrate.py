@@ -14,7 +14,7 @@ def _cmd_calibrate_cpu_step(args: argparse.Namespace) -> int:
     out = args.out or CPU_STEP_FIT
     doc = calibrate(
         args.runs, out, holdout, args.holdout_trace, args.cold_rule, args.cache_bytes,
-        args.replacement,
+        args.replacement, args.cache_level,
     )
     quality = doc["fit_quality"]
     coefficients = ", ".join(f"{k} {v:.3g}" for k, v in doc["coefficients"].items())
@@ -61,6 +61,14 @@ def register(commands: Any) -> None:
         "--cache-bytes",
         type=int,
         help="the capacity rule's cache (default: the runs' host's per-core L2)",
+    )
+    cpu_step.add_argument(
+        "--cache-level",
+        type=int,
+        choices=[2, 3],
+        default=2,
+        help="without --cache-bytes, the runs' host's cache the capacity rule counts against: "
+        "2 its per-core L2, 3 its L3 (shared)",
     )
     cpu_step.add_argument(
         "--replacement",

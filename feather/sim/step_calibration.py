@@ -243,9 +243,11 @@ def capacity_rule(
     cache_bytes: int | None = None,
     cache: str | None = None,
     replacement: str = LRU,
+    cache_level: int = 2,
 ) -> tuple[ColdRule, dict[str, Any]]:
     """The capacity rule for one run's model, block size and backend on a cache of
-    `cache_bytes` (default: the per-core L2 its host reported), and its record for the fit
+    `cache_bytes` (default: the per-core L2 its host reported, or with `cache_level` 3 its L3:
+    which one a kernel's re-reads find is measured, not assumed), and its record for the fit
     file: items are one head's K and V of one block in the engine's KV dtype."""
     from feather.workloads.cache_regime import per_core_l2_bytes
 
@@ -257,8 +259,15 @@ def capacity_rule(
     dtype = str(engine.get("dtype"))
     if dtype not in DTYPE_BYTES:
         raise CalibrationInputError(f"{run_dir}: no element size known for KV dtype {dtype}")
-    if cache_bytes is None:
-        cache_bytes = per_core_l2_bytes((provenance.get("host") or {}).get("cpu_caches") or [])
+    caches = (provenance.get("host") or {}).get("cpu_caches") or []
+    if cache_bytes is None and cache_level == 3:
+        cache_bytes = next((int(c["size_bytes"]) for c in caches
+                            if c.get("level") == 3 and c.get("type") == "Unified"), None)
+        cache = cache or "L3 (the runs' host, shared by its cores)"
+        if not cache_bytes:
+            raise CalibrationInputError(f"{run_dir}: its host reported no L3: give cache_bytes")
+    elif cache_bytes is None:
+        cache_bytes = per_core_l2_bytes(caches)
         cache = cache or "L2 per core (the runs' host)"
         if not cache_bytes:
             raise CalibrationInputError(f"{run_dir}: its host reported no L2: give cache_bytes")
@@ -285,6 +294,7 @@ def calibrate(
     cold_rule: str = "adjacent",
     cache_bytes: int | None = None,
     replacement: str = LRU,
+    cache_level: int = 2,
 ) -> dict[str, Any]:
     """Fit, evaluate, and write the fit file `out` (and, if asked, the held-out steps as a
     parquet table for tests). `cold_rule` "capacity" counts cold KV tokens against a cache
@@ -292,7 +302,7 @@ def calibrate(
     if not run_dirs:
         raise CalibrationInputError("no run directories given")
     rule, rule_doc = (
-        capacity_rule(run_dirs[0], cache_bytes, replacement=replacement)
+        capacity_rule(run_dirs[0], cache_bytes, replacement=replacement, cache_level=cache_level)
         if cold_rule == CAPACITY
         else (None, None)
     )
@@ -364,6 +374,7 @@ def calibrate(
             "feather", "calibrate", "cpu-step", *map(str, run_dirs),
             *(["--cold-rule", cold_rule] if rule_doc else []),
             *(["--cache-bytes", str(cache_bytes)] if rule_doc and cache_bytes else []),
+            *(["--cache-level", str(cache_level)] if rule_doc and cache_level != 2 else []),
             *(["--replacement", replacement] if rule_doc and replacement != LRU else []),
         ]),
         "provenance": collect_provenance(
