@@ -34,6 +34,7 @@ from feather.policies.base import (
     StepOutcome,
 )
 from feather.policies.cht_policy import CONSULT, STOP_HOLDS, DecisionState, FeatherPolicy
+from feather.policies.conservative import ExplorationBudget
 from feather.policies.learning import (
     QTable,
     StateBuckets,
@@ -79,15 +80,25 @@ class _Totals:
 class _Window:
     """The decisions of one step and the steps credited to them (from `start` on)."""
 
-    __slots__ = ("decisions", "first_batch", "first_time_s", "group_changes", "next_key", "start")
+    __slots__ = (
+        "decisions",
+        "explore_estimate",
+        "first_batch",
+        "first_time_s",
+        "group_changes",
+        "next_key",
+        "start",
+    )
 
     def __init__(
         self,
         decisions: list[tuple[str, Action]],
         start: tuple[int, float, int, float, int],
         group_changes: int,
+        explore_estimate: float = 0.0,
     ) -> None:
         self.decisions = decisions
+        self.explore_estimate = explore_estimate  # what its exploratory STOPs were charged
         self.start = start  # `_Totals.snapshot()` before the window's first step
         self.group_changes = group_changes  # the CHT's count when the decisions took effect
         self.first_batch = 0  # the first step's batch size and time ("one-step")
@@ -121,6 +132,9 @@ LIFETIME_MAX_STEPS = 4096
 LEARNER_DEFAULTS = {"consult": "group", "stop_holds": "group-change", "reward_window": "lifetime"}
 # the kernel-gated variants' (`feather-ucb-kernel-gated`, `feather-qlearn-kernel-gated`)
 KERNEL_GATED = {"consult": "kernel", "stop_holds": "step", "reward_window": "until-next"}
+# the conservative variants' (`feather-ucb-conservative`, `feather-qlearn-conservative`):
+# the paper's reading, exploring only within a budget (docs/stop.md, "Exploring from scratch")
+CONSERVATIVE = {"explore_budget": 0.05, "explore_prior": "kept-batch", "explore_hold_steps": 16}
 
 
 class FeatherLearningPolicy(FeatherPolicy):
@@ -199,6 +213,9 @@ class FeatherLearningPolicy(FeatherPolicy):
         buckets: dict[str, Any] | None = None,
         confidence: float = 0.0,
         stop_holds: str = LEARNER_DEFAULTS["stop_holds"],
+        explore_budget: float | None = None,
+        explore_hold_steps: int | None = None,
+        explore_prior: str = "kept-batch",
     ) -> None:
         super().__init__(
             seed=seed,
@@ -223,6 +240,15 @@ class FeatherLearningPolicy(FeatherPolicy):
             raise ValueError(
                 f"reward_window must be one of {', '.join(REWARD_WINDOWS)}, got {reward_window!r}"
             )
+        if explore_hold_steps is not None and explore_hold_steps < 1:
+            raise ValueError(f"explore_hold_steps must be >= 1, got {explore_hold_steps}")
+        self.explore_hold_steps = explore_hold_steps
+        self.budget = (
+            None if explore_budget is None else ExplorationBudget(explore_budget, explore_prior)
+        )
+        self._kept_rate = 0.0  # the last prefill-free step's decode tokens/s
+        self._exploring = False  # the last decision was an exploratory STOP
+        self._step_explore = 0.0  # this step's exploratory STOPs' advance charge
         self.reward_signal = reward_signal
         self.reward_window = reward_window
         self.frozen = frozen
@@ -282,8 +308,30 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.decisions_taken += 1
         if self._decided_step != self._step:
             self._decided_step, self._step_decisions = self._step, []
+            self._step_explore = 0.0
+        self._exploring = (
+            not self.frozen
+            and action is Action.STOP
+            and self.table.greedy(key) is not Action.STOP
+        )
+        if self._exploring and self.budget is not None:
+            totals = self._totals
+            step_time_s = totals.all_time_s / totals.steps if totals.steps else 0.0
+            cost = self.budget.ask(
+                key, totals.all_tokens, step_time_s, self.reward_horizon, self._kept_rate
+            )
+            if cost < 0:  # over budget: the status quo
+                action = self.table.overrule(key, Action.STOP, Action.ADD)
+                self._exploring = False
+            else:
+                self._step_explore += cost
         self._step_decisions.append((key, action))
         return action
+
+    def _hold_steps(self) -> int | None:
+        """An exploratory STOP holds at most `explore_hold_steps`; one the table favours
+        holds as the paper's STOP does."""
+        return self.explore_hold_steps if self._exploring else None
 
     def report_step(self, outcome: StepOutcome) -> None:
         windows = self._windows
@@ -309,9 +357,15 @@ class FeatherLearningPolicy(FeatherPolicy):
                 while windows:
                     self._credit(windows.popleft())
             windows.append(
-                _Window(self._step_decisions, self._totals.snapshot(), self.cht.group_changes)
+                _Window(
+                    self._step_decisions,
+                    self._totals.snapshot(),
+                    self.cht.group_changes,
+                    self._step_explore,
+                )
             )
             self._step_decisions = []
+            self._step_explore = 0.0
         if outcome.step_time_s > 0:
             if self.reward_signal == "one-step":
                 self._max_throughput = max(
@@ -323,6 +377,8 @@ class FeatherLearningPolicy(FeatherPolicy):
             windows[-1].first_batch = outcome.batch_size
             windows[-1].first_time_s = outcome.step_time_s
         self._totals.add(outcome)
+        if outcome.prefill_tokens == 0 and outcome.step_time_s > 0:
+            self._kept_rate = outcome.throughput_tok_s
         if self.reward_signal == "one-step":
             horizon = 1
         elif self.reward_window == "lifetime":
@@ -341,10 +397,13 @@ class FeatherLearningPolicy(FeatherPolicy):
         while self._windows:
             self._credit(self._windows.popleft())
         self._step_decisions = []
+        self._step_explore = 0.0
 
     def _credit(self, window: _Window) -> None:
         next_key = window.next_key
         tokens, seconds = window.tokens_and_time(self.reward_signal, self._totals)
+        if self.budget is not None and not self.frozen:
+            self.budget.credit(window.decisions, tokens, seconds, window.explore_estimate)
         if self.frozen or seconds <= 0:
             # no evidence (no prefill-free step in the window): the choices stay counted as
             # tried (`pending`), so a state that never yields evidence is not explored forever
@@ -440,6 +499,9 @@ class FeatherLearningPolicy(FeatherPolicy):
             "reward_scale_tok_s": self.reward_scale_tok_s,
             "reward_signal": self.reward_signal,
             "reward_window": self.reward_window,
+            "explore_budget": self.budget.alpha if self.budget is not None else None,
+            "explore_hold_steps": self.explore_hold_steps,
+            "explore_prior": self.budget.prior if self.budget is not None else None,
             "buckets": self.buckets.to_json(),
             "learner": {"confidence": self.table.confidence, **self._learner_params()},
             "policy_file": self.policy_file,
@@ -554,3 +616,38 @@ class FeatherQLearningKernelGatedPolicy(_KernelGated, FeatherQLearningPolicy):
     """`feather-qlearn` under the kernel-gated rule (`_KernelGated`)."""
 
     name = "feather-qlearn-kernel-gated"
+
+
+class _Conservative:
+    """A learner under the paper's reading that explores conservatively (`CONSERVATIVE`): an
+    exploratory STOP (one its credited values do not favour) only while the tokens
+    exploration lost, credited or estimated, stay within 5% of what the learner produced
+    (`conservative.ExplorationBudget`), and held for at most 16 steps; a STOP the table
+    favours holds as the paper's does. Any of the three may still be given."""
+
+    def __init__(
+        self,
+        *,
+        explore_budget: float | None = CONSERVATIVE["explore_budget"],
+        explore_prior: str = CONSERVATIVE["explore_prior"],
+        explore_hold_steps: int | None = CONSERVATIVE["explore_hold_steps"],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(  # type: ignore[call-arg]
+            explore_budget=explore_budget,
+            explore_prior=explore_prior,
+            explore_hold_steps=explore_hold_steps,
+            **kwargs,
+        )
+
+
+class FeatherUCBConservativePolicy(_Conservative, FeatherUCBPolicy):
+    """`feather-ucb` exploring within a budget (`_Conservative`)."""
+
+    name = "feather-ucb-conservative"
+
+
+class FeatherQLearningConservativePolicy(_Conservative, FeatherQLearningPolicy):
+    """`feather-qlearn` exploring within a budget (`_Conservative`)."""
+
+    name = "feather-qlearn-conservative"
