@@ -5,16 +5,19 @@ interleaved orders, all at once or Poisson arrivals; shapes with no sharing, one
 tiny groups, a few groups, nested prefixes (a system prompt every group shares, then the
 group's document); short and long outputs; the device's KV pool or a tight one; vLLM and
 SGLang engine modes; the paged kernel and cascade attention (where Feather's rule is
-consulted); the A100 and RTX 6000 Ada profiles. Each draw runs FCFS and six Feather
-policies: feather-static, both learners online from scratch (exploration included) and both
+consulted); the A100 and RTX 6000 Ada profiles. Each draw runs FCFS and seven Feather
+policies: feather-static, both learners online from scratch (exploration included), both
+conservative learners online from scratch (`feather-ucb-conservative`,
+`feather-qlearn-conservative`: the paper's reading, exploring within a budget) and both
 frozen with the device's tables trained on cascade workloads where stopping pays - the learners
 under the kernel-gated rule (`feather-ucb-kernel-gated`, `feather-qlearn-kernel-gated`: asked
 only where the kernel reads a batch's common prefix once, a STOP for one step), which is what
 this family has always gated. The registered learners (the paper's reading: asked at every
 group change, a STOP held until the running groups change) are not never-worse exploring from
-scratch (pinned below); their pipeline tables are gated at pipeline scale by `feather bench
-never-worse`. Below saturation (Poisson at half of FCFS's offline capacity) TTFT p99 and the
-longest wait stay within 1.1x of FCFS's too.
+scratch (pinned below); their conservative variants are, here and on the large cases
+(tests/test_conservative_exploration.py); the pipeline's tables are gated at pipeline scale by
+`feather bench never-worse`. Below saturation (Poisson at half of FCFS's offline capacity)
+TTFT p99 and the longest wait stay within 1.1x of FCFS's too.
 
 Sizes: at most 200 requests and 2,048-token prefixes per draw, 18 draws; about 3-4 minutes on
 a loaded 2-core machine. The pipeline-scale cases are `feather bench never-worse`.
@@ -187,7 +190,8 @@ def test_every_feather_policy_is_never_worse_than_fcfs(draw, policy_files) -> No
     case = case_of(draw)
     policies = gated(policy_files, case.hardware)  # the device's own tables
     result = compare(case, policies, workload=load_workload(case.workload))
-    assert len(result["feather"]) == 5  # static, two online learners, two frozen
+    # static, two online learners (kernel-gated), two conservative online, two frozen
+    assert len(result["feather"]) == 7
     assert not violations(result), (case, violations(result), result["feather"])
     if case.kernel == "paged":  # nothing at stake: no policy is asked, all admit alike
         assert all(r["delegated_decisions"] == 0 for r in result["feather"].values())
@@ -259,7 +263,8 @@ def test_the_registered_learners_exploring_from_scratch_are_not_never_worse() ->
     a STOP keeps a batch of a few requests for its group's lifetime: on 60 groups of 3 under
     cascade attention (A100) UCB ran at 0.31x FCFS and Q-learning at 0.52x (2026-12-06),
     where the kernel-gated learners, asked once, are 1.01x. Training pays this on purpose
-    (`feather train` reports it run by run); the tables are deployed frozen."""
+    (`feather train` reports it run by run); the tables are deployed frozen. The conservative
+    variants, exploring within a budget, hold here (tests/test_conservative_exploration.py)."""
     case = case_of({**DEFAULTS, **NAMED["tiny-groups-cascade"]})
     online = [Variant(f"{name} (online)", name) for name in LEARNERS]
     result = compare(case, online + gated())

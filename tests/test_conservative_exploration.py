@@ -1,0 +1,140 @@
+"""The conservative learners (`feather-ucb-conservative`, `feather-qlearn-conservative`): from
+scratch they stay never-worse where the paper's reading exploring from scratch does not, and
+trained on the rl experiment's protocol they still learn STOP where stopping pays.
+
+Sizes: the three large cases about 30 s, the training about 40 s on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from feather.bench.never_worse import LARGE_CASES, Variant, compare, violations
+from feather.pipeline.experiments import load_experiment
+from feather.policies import create_scheduler
+from feather.policies.base import Action
+from feather.policies.conservative import ExplorationBudget
+from feather.sim.run import SimulationSpec
+from feather.sim.training import evaluate, train
+
+REPO = Path(__file__).resolve().parent.parent
+CONSERVATIVE = ("feather-ucb-conservative", "feather-qlearn-conservative")
+
+
+# ---- the budget ------------------------------------------------------------------------------
+def test_no_exploratory_stop_before_add_has_earned_anything() -> None:
+    budget = ExplorationBudget(0.05)
+    assert budget.ask("s", produced_tokens=1e9, step_time_s=0.01, horizon=16) < 0
+    assert budget.refused == 1 and budget.allowed == 0
+
+
+def test_a_stop_is_allowed_only_within_alpha_of_what_was_produced() -> None:
+    budget = ExplorationBudget(0.05)
+    budget.credit([("s", Action.ADD)], tokens=1000.0, seconds=1.0, estimate=0.0)  # 1000 tok/s
+    # kept batch at 800 tok/s over 16 steps of 10 ms: (1000 - 800) x 0.16 s = 32 tokens at risk
+    assert budget.estimate("s", 0.01, 16, kept_rate=800.0) == pytest.approx(32.0)
+    assert budget.ask("s", 100.0, 0.01, 16, kept_rate=800.0) < 0  # 32 > 5% of 132
+    cost = budget.ask("s", 10_000.0, 0.01, 16, kept_rate=800.0)
+    assert cost == pytest.approx(32.0) and budget.pending_tokens == pytest.approx(32.0)
+    # credited: the STOP's window ran 0.1 s at 500 tok/s, where ADD earns 1000: 50 tokens lost
+    budget.credit([("s", Action.STOP)], tokens=50.0, seconds=0.1, estimate=cost)
+    assert budget.pending_tokens == 0.0
+    assert budget.lost_tokens == pytest.approx(50.0)
+    # STOP now credited in "s": its own rate (500 tok/s) replaces the prior, over 0.1 s
+    assert budget.estimate("s", 0.01, 16, kept_rate=990.0) == pytest.approx(50.0)
+
+
+def test_wu_et_als_zero_prior_charges_the_whole_add_rate() -> None:
+    budget = ExplorationBudget(0.05, prior="zero")
+    budget.credit([("s", Action.ADD)], tokens=1000.0, seconds=1.0, estimate=0.0)
+    assert budget.estimate("s", 0.01, 16, kept_rate=800.0) == pytest.approx(160.0)
+    with pytest.raises(ValueError, match="explore_budget"):
+        ExplorationBudget(1.0)
+    with pytest.raises(ValueError, match="explore_prior"):
+        ExplorationBudget(0.1, prior="optimistic")
+
+
+def test_the_registered_learners_keep_the_papers_reading_and_the_variants_say_theirs() -> None:
+    assert create_scheduler("feather-ucb").params()["explore_budget"] is None
+    assert create_scheduler("feather-ucb").params()["explore_hold_steps"] is None
+    for name in CONSERVATIVE:
+        params = create_scheduler(name).params()
+        assert (params["explore_budget"], params["explore_prior"]) == (0.05, "kept-batch")
+        assert params["explore_hold_steps"] == 16
+        assert (params["consult"], params["stop_holds"]) == ("group", "group-change")
+
+
+# ---- never-worse from scratch ----------------------------------------------------------------
+# where the paper's reading exploring from scratch breaks the promise: C1's shape on the Ada
+# (0.93x FCFS), tiny groups under cascade (UCB 0.57x) and Poisson load (TTFT p99 3.6x)
+BROKEN = [
+    c for c in LARGE_CASES
+    if (c.name, c.hardware) in {
+        ("c1-shape", "rtx-6000-ada"),
+        ("tiny-groups-cascade", "a100-80gb"),
+        ("c1-shape-cascade-poisson-0.9", "a100-80gb"),
+    }
+]
+
+
+@pytest.mark.parametrize("case", BROKEN, ids=lambda c: f"{c.name}@{c.hardware}")
+def test_the_conservative_learners_from_scratch_are_never_worse(case) -> None:
+    variants = [Variant(f"{n} (online)", n) for n in ("feather-ucb", *CONSERVATIVE)]
+    result = compare(case, variants)
+    got = result["feather"]
+    assert [v.split(":")[0] for v in violations(result)] == ["feather-ucb (online)"] * len(
+        violations(result)
+    ), violations(result)
+    assert violations(result)  # the paper's reading breaks it here
+    for name in CONSERVATIVE:
+        assert got[f"{name} (online)"]["throughput_ratio"] >= 0.99
+    if not case.below_saturation:  # they still try STOP (held ones counted)
+        assert got["feather-ucb-conservative (online)"]["stop_decisions"] > 0
+
+
+def test_an_exploratory_stop_held_16_steps_costs_little_where_stop_loses() -> None:
+    """The bound alone: on C1's shape on the Ada (paged), where STOP never pays, UCB whose
+    exploratory STOPs hold 16 steps stays above FCFS; held until the groups change, 0.93x."""
+    case = next(c for c in BROKEN if c.name == "c1-shape")
+    bounded = Variant("bounded", "feather-ucb", {"explore_hold_steps": 16})
+    result = compare(case, [bounded, Variant("paper", "feather-ucb")])
+    got = result["feather"]
+    assert got["bounded"]["throughput_ratio"] >= 0.99 > got["paper"]["throughput_ratio"]
+    assert 0 < got["bounded"]["stop_decisions"] < 0.2 * got["paper"]["stop_decisions"]
+
+
+# ---- still learns STOP where it pays ---------------------------------------------------------
+def test_conservative_ucb_still_learns_stop_where_stopping_pays(tmp_path) -> None:
+    """experiments/rl.yaml's training (A100, cascade, 12 runs): the table STOPs where a batch
+    of 64-255 of one group meets a candidate that opens another group and cuts 1K-4K shared
+    tokens, and frozen it beats feather-static on the held-out big groups, as the paper's
+    reading does; training itself stays near feather-static (the paper's reading: 0.49x)."""
+    training = load_experiment(REPO / "experiments" / "rl.yaml").training
+    base = SimulationSpec(
+        workload=training["train_workloads"][0],
+        scheduler="feather-ucb-conservative",
+        hardware="a100-80gb",
+        model="llama-3.1-8b",
+        kernel=training["kernel"],
+    )
+    params = training["params"]
+    path = tmp_path / "ucb.json"
+    report = train(
+        "feather-ucb-conservative",
+        base,
+        training["train_workloads"],
+        training["train_seeds"],
+        path,
+        params=params,
+    )
+    stops = [k for k, v in report["policy"].items() if v["action"] == "STOP"]
+    assert stops and all(k.endswith("|g1|j0") and "|d3|" in k for k in stops), stops
+    assert min(h["ratio_to_static"] for h in report["history"]) > 0.85
+    held_out = evaluate(
+        path, "feather-ucb-conservative", base, training["eval_workloads"][:1], [100], params
+    )
+    run = held_out["runs"][0]
+    assert run["stop_decisions"] > 0
+    assert run["ratio"] > 1.15  # x feather-static
