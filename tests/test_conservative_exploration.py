@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_never_worse import DEFAULTS, NAMED, case_of
 
 from feather.bench.never_worse import LARGE_CASES, Variant, compare, violations
 from feather.pipeline.experiments import load_experiment
 from feather.policies import create_scheduler
 from feather.policies.base import Action
-from feather.policies.conservative import ExplorationBudget
+from feather.policies.conservative import ExplorationBudget, WaitBudget
 from feather.sim.run import SimulationSpec
 from feather.sim.training import evaluate, train
 
@@ -56,13 +57,22 @@ def test_wu_et_als_zero_prior_charges_the_whole_add_rate() -> None:
         ExplorationBudget(0.1, prior="optimistic")
 
 
+def test_the_wait_budget_refuses_where_nobody_queues() -> None:
+    budget = WaitBudget(0.05)
+    budget.step(waiting=0, step_time_s=0.04)
+    assert not budget.ask(held=1, hold_s=0.64)  # light load: no queueing to spend
+    budget.step(waiting=400, step_time_s=1.0)  # 400 request-seconds queued
+    assert budget.ask(held=10, hold_s=0.64) and budget.spent_s == pytest.approx(6.4)
+    assert not budget.ask(held=100, hold_s=0.64)  # 70.4 > 5% of 464
+
+
 def test_the_registered_learners_keep_the_papers_reading_and_the_variants_say_theirs() -> None:
     assert create_scheduler("feather-ucb").params()["explore_budget"] is None
     assert create_scheduler("feather-ucb").params()["explore_hold_steps"] is None
     for name in CONSERVATIVE:
         params = create_scheduler(name).params()
         assert (params["explore_budget"], params["explore_prior"]) == (0.05, "kept-batch")
-        assert params["explore_hold_steps"] == 16
+        assert params["explore_hold_steps"] == 16 and params["explore_backlog_only"] is True
         assert (params["consult"], params["stop_holds"]) == ("group", "group-change")
 
 
@@ -103,6 +113,24 @@ def test_an_exploratory_stop_held_16_steps_costs_little_where_stop_loses() -> No
     got = result["feather"]
     assert got["bounded"]["throughput_ratio"] >= 0.99 > got["paper"]["throughput_ratio"]
     assert 0 < got["bounded"]["stop_decisions"] < 0.2 * got["paper"]["stop_decisions"]
+
+
+def test_below_saturation_they_explore_only_under_a_backlog() -> None:
+    """The family's grouped Poisson draw (8 groups of 20, half of FCFS's capacity, A100,
+    paged): within budget (200 tokens lost) UCB's exploratory STOPs, 16 steps each, made TTFT
+    p99 5.0x FCFS's (its 0.17 s is a few steps); allowed only under a backlog (the waiting
+    requests do not all fit beside the running batch, or the oldest has waited 16 steps),
+    there is no exploratory STOP at all."""
+    case = case_of({**DEFAULTS, **NAMED["grouped-poisson"]})
+    anywhere = Variant("anywhere", "feather-ucb-conservative", {"explore_backlog_only": False})
+    online = [Variant(f"{n} (online)", n) for n in CONSERVATIVE]
+    result = compare(case, [anywhere, *online])
+    got = result["feather"]
+    assert got["anywhere"]["stop_decisions"] > 0
+    assert got["anywhere"]["ttft_p99_ratio"] > 2.0
+    assert [v for v in violations(result) if not v.startswith("anywhere")] == []
+    for name in CONSERVATIVE:
+        assert got[f"{name} (online)"]["stop_decisions"] == 0
 
 
 # ---- still learns STOP where it pays ---------------------------------------------------------

@@ -193,8 +193,13 @@ def test_every_feather_policy_is_never_worse_than_fcfs(draw, policy_files) -> No
     # static, two online learners (kernel-gated), two conservative online, two frozen
     assert len(result["feather"]) == 7
     assert not violations(result), (case, violations(result), result["feather"])
-    if case.kernel == "paged":  # nothing at stake: no policy is asked, all admit alike
-        assert all(r["delegated_decisions"] == 0 for r in result["feather"].values())
+    if case.kernel == "paged":  # nothing at stake: no gated policy is asked, all admit alike
+        # (the conservative learners follow the paper's reading: asked at every group change)
+        assert all(
+            r["delegated_decisions"] == 0
+            for label, r in result["feather"].items()
+            if "conservative" not in label
+        )
 
 
 def test_the_papers_rule_on_any_kernel_loses_to_fcfs_with_nested_prefixes() -> None:

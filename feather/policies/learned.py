@@ -31,10 +31,12 @@ from typing import Any, ClassVar
 from feather.atomic import write_json_atomic
 from feather.policies.base import (
     Action,
+    Request,
+    RequestId,
     StepOutcome,
 )
 from feather.policies.cht_policy import CONSULT, STOP_HOLDS, DecisionState, FeatherPolicy
-from feather.policies.conservative import ExplorationBudget
+from feather.policies.conservative import ExplorationBudget, WaitBudget
 from feather.policies.learning import (
     QTable,
     StateBuckets,
@@ -134,7 +136,12 @@ LEARNER_DEFAULTS = {"consult": "group", "stop_holds": "group-change", "reward_wi
 KERNEL_GATED = {"consult": "kernel", "stop_holds": "step", "reward_window": "until-next"}
 # the conservative variants' (`feather-ucb-conservative`, `feather-qlearn-conservative`):
 # the paper's reading, exploring only within a budget (docs/stop.md, "Exploring from scratch")
-CONSERVATIVE = {"explore_budget": 0.05, "explore_prior": "kept-batch", "explore_hold_steps": 16}
+CONSERVATIVE = {
+    "explore_budget": 0.05,
+    "explore_prior": "kept-batch",
+    "explore_hold_steps": 16,
+    "explore_backlog_only": True,
+}
 
 
 class FeatherLearningPolicy(FeatherPolicy):
@@ -216,6 +223,8 @@ class FeatherLearningPolicy(FeatherPolicy):
         explore_budget: float | None = None,
         explore_hold_steps: int | None = None,
         explore_prior: str = "kept-batch",
+        explore_backlog_only: bool = False,
+        explore_wait_budget: float | None = None,
     ) -> None:
         super().__init__(
             seed=seed,
@@ -243,6 +252,12 @@ class FeatherLearningPolicy(FeatherPolicy):
         if explore_hold_steps is not None and explore_hold_steps < 1:
             raise ValueError(f"explore_hold_steps must be >= 1, got {explore_hold_steps}")
         self.explore_hold_steps = explore_hold_steps
+        self.explore_backlog_only = explore_backlog_only
+        self.refused_no_backlog = 0  # exploratory STOPs refused without a backlog
+        self._arrived_step: dict[RequestId, int] = {}  # live requests (explore_backlog_only)
+        self.wait_budget = (
+            None if explore_wait_budget is None else WaitBudget(explore_wait_budget)
+        )
         self.budget = (
             None if explore_budget is None else ExplorationBudget(explore_budget, explore_prior)
         )
@@ -309,24 +324,73 @@ class FeatherLearningPolicy(FeatherPolicy):
         if self._decided_step != self._step:
             self._decided_step, self._step_decisions = self._step, []
             self._step_explore = 0.0
-        self._exploring = (
+        exploratory = (
             not self.frozen
             and action is Action.STOP
             and self.table.greedy(key) is not Action.STOP
         )
-        if self._exploring and self.budget is not None:
-            totals = self._totals
-            step_time_s = totals.all_time_s / totals.steps if totals.steps else 0.0
-            cost = self.budget.ask(
-                key, totals.all_tokens, step_time_s, self.reward_horizon, self._kept_rate
-            )
-            if cost < 0:  # over budget: the status quo
+        self._exploring = False
+        if exploratory:
+            cost = self._explore_cost(key, state)
+            if cost is None:  # over a budget: the status quo
                 action = self.table.overrule(key, Action.STOP, Action.ADD)
-                self._exploring = False
             else:
+                self._exploring = True
                 self._step_explore += cost
         self._step_decisions.append((key, action))
         return action
+
+    def _explore_cost(self, key: str, state: DecisionState) -> float | None:
+        """The tokens an exploratory STOP is charged in advance, or None where a budget
+        refuses it (no budget: 0, always allowed)."""
+        # no backlog: below saturation a STOP cannot raise throughput (it is the arrival
+        # rate), only add wait
+        if self.explore_backlog_only and not self._backlogged(state):
+            self.refused_no_backlog += 1
+            return None
+        totals = self._totals
+        step_time_s = totals.all_time_s / totals.steps if totals.steps else 0.0
+        cost = 0.0
+        if self.budget is not None:
+            cost = self.budget.ask(
+                key, totals.all_tokens, step_time_s, self.reward_horizon, self._kept_rate
+            )
+            if cost < 0:
+                return None
+        if self.wait_budget is not None:
+            held = min(state.waiting, state.max_running - state.batch_size)
+            hold = self.explore_hold_steps or self.reward_horizon
+            if not self.wait_budget.ask(held, hold * step_time_s):
+                if self.budget is not None:
+                    self.budget.refund(cost)
+                return None
+        return cost
+
+    def _backlogged(self, state: DecisionState) -> bool:
+        """Requests queue anyway: the waiting ones do not all fit beside the running batch,
+        or the oldest has waited at least as many steps as an exploratory STOP holds. Below
+        saturation FCFS admits each on arrival."""
+        if state.batch_size + state.waiting > state.max_running:
+            return True
+        oldest = self.cht.oldest()
+        if oldest is None or oldest not in self._arrived_step:
+            return False
+        hold = self.explore_hold_steps or self.reward_horizon
+        return self._step - self._arrived_step[oldest] >= hold
+
+    def _on_arrival(self, request: Request) -> None:
+        super()._on_arrival(request)
+        if self.explore_backlog_only:
+            self._arrived_step[request.req_id] = self._step
+
+    def _on_leave_running(self, req_id: RequestId, *, finished: bool) -> None:
+        super()._on_leave_running(req_id, finished=finished)
+        if finished:
+            self._arrived_step.pop(req_id, None)
+
+    def _on_drop_waiting(self, req_id: RequestId) -> None:
+        super()._on_drop_waiting(req_id)
+        self._arrived_step.pop(req_id, None)
 
     def _hold_steps(self) -> int | None:
         """An exploratory STOP holds at most `explore_hold_steps`; one the table favours
@@ -377,6 +441,8 @@ class FeatherLearningPolicy(FeatherPolicy):
             windows[-1].first_batch = outcome.batch_size
             windows[-1].first_time_s = outcome.step_time_s
         self._totals.add(outcome)
+        if self.wait_budget is not None:
+            self.wait_budget.step(self.cht.num_waiting, outcome.step_time_s)
         if outcome.prefill_tokens == 0 and outcome.step_time_s > 0:
             self._kept_rate = outcome.throughput_tok_s
         if self.reward_signal == "one-step":
@@ -502,6 +568,8 @@ class FeatherLearningPolicy(FeatherPolicy):
             "explore_budget": self.budget.alpha if self.budget is not None else None,
             "explore_hold_steps": self.explore_hold_steps,
             "explore_prior": self.budget.prior if self.budget is not None else None,
+            "explore_backlog_only": self.explore_backlog_only,
+            "explore_wait_budget": self.wait_budget.alpha if self.wait_budget else None,
             "buckets": self.buckets.to_json(),
             "learner": {"confidence": self.table.confidence, **self._learner_params()},
             "policy_file": self.policy_file,
@@ -622,8 +690,9 @@ class _Conservative:
     """A learner under the paper's reading that explores conservatively (`CONSERVATIVE`): an
     exploratory STOP (one its credited values do not favour) only while the tokens
     exploration lost, credited or estimated, stay within 5% of what the learner produced
-    (`conservative.ExplorationBudget`), and held for at most 16 steps; a STOP the table
-    favours holds as the paper's does. Any of the three may still be given."""
+    (`conservative.ExplorationBudget`), only under a backlog (the oldest waiting request has
+    waited 16 steps), held for at most 16 steps; a STOP the table favours holds as the
+    paper's does. Any of them may be given."""
 
     def __init__(
         self,
@@ -631,12 +700,14 @@ class _Conservative:
         explore_budget: float | None = CONSERVATIVE["explore_budget"],
         explore_prior: str = CONSERVATIVE["explore_prior"],
         explore_hold_steps: int | None = CONSERVATIVE["explore_hold_steps"],
+        explore_backlog_only: bool = CONSERVATIVE["explore_backlog_only"],
         **kwargs: Any,
     ) -> None:
         super().__init__(  # type: ignore[call-arg]
             explore_budget=explore_budget,
             explore_prior=explore_prior,
             explore_hold_steps=explore_hold_steps,
+            explore_backlog_only=explore_backlog_only,
             **kwargs,
         )
 
