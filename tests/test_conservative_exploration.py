@@ -10,15 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_never_worse import DEFAULTS, NAMED, case_of
+from hypothesis import HealthCheck, given, settings
+from test_never_worse import DEFAULTS, NAMED, _with_examples, case_of, family
 
-from feather.bench.never_worse import LARGE_CASES, Variant, compare, violations
+from feather.bench.never_worse import (
+    LARGE_CASES,
+    LATENCY_CEILING,
+    THROUGHPUT_FLOOR,
+    Variant,
+    compare,
+    violations,
+)
 from feather.pipeline.experiments import load_experiment
 from feather.policies import create_scheduler
 from feather.policies.base import Action
 from feather.policies.conservative import ExplorationBudget, WaitBudget
 from feather.sim.run import SimulationSpec
 from feather.sim.training import evaluate, train
+from feather.workloads import load_workload
 
 REPO = Path(__file__).resolve().parent.parent
 CONSERVATIVE = ("feather-ucb-conservative", "feather-qlearn-conservative")
@@ -71,7 +80,7 @@ def test_the_registered_learners_keep_the_papers_reading_and_the_variants_say_th
     assert create_scheduler("feather-ucb").params()["explore_hold_steps"] is None
     for name in CONSERVATIVE:
         params = create_scheduler(name).params()
-        assert (params["explore_budget"], params["explore_prior"]) == (0.05, "kept-batch")
+        assert (params["explore_budget"], params["explore_prior"]) == (0.01, "kept-batch")
         assert params["explore_hold_steps"] == 16 and params["explore_backlog_only"] is True
         assert (params["consult"], params["stop_holds"]) == ("group", "group-change")
 
@@ -100,8 +109,8 @@ def test_the_conservative_learners_from_scratch_are_never_worse(case) -> None:
     assert violations(result)  # the paper's reading breaks it here
     for name in CONSERVATIVE:
         assert got[f"{name} (online)"]["throughput_ratio"] >= 0.99
-    if not case.below_saturation:  # they still try STOP (held ones counted)
-        assert got["feather-ucb-conservative (online)"]["stop_decisions"] > 0
+    for name in CONSERVATIVE:  # asked as the paper's reading asks, every group change
+        assert got[f"{name} (online)"]["delegated_decisions"] > 0
 
 
 def test_an_exploratory_stop_held_16_steps_costs_little_where_stop_loses() -> None:
@@ -133,12 +142,48 @@ def test_below_saturation_they_explore_only_under_a_backlog() -> None:
         assert got[f"{name} (online)"]["stop_decisions"] == 0
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="not never-worse on tight-KV tiny groups under cascade: 20 groups of 2, 128-token "
+    "prefixes, a pool of three requests (A100, seed 1): 0.983x FCFS at a 1% budget, "
+    "feather-static 0.998x (docs/stop.md, 'Exploring from scratch')",
+)
+@given(draw=family())
+@_with_examples
+@settings(
+    max_examples=11,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+def test_the_conservative_learners_hold_on_the_generated_family(draw) -> None:
+    """tests/test_never_worse.py's family (its named cases and 11 draws of its own): both
+    conservative learners online from scratch, asked at every group change on any kernel,
+    break nothing feather-static does not. Its first draw, one group of 20 with a 128-token
+    prefix and 4-token outputs (A100, paged), has feather-static itself at 0.989x FCFS (so on
+    main too: `compare` of that case), the CHT's order and not exploration: nobody is asked."""
+    case = case_of(draw)
+    online = [Variant(f"{n} (online)", n) for n in CONSERVATIVE]
+    static = Variant("feather-static", "feather-static")
+    result = compare(case, [static, *online], workload=load_workload(case.workload))
+    got = result["feather"]
+    for name in CONSERVATIVE:
+        mine = got[f"{name} (online)"]
+        floor = min(THROUGHPUT_FLOOR, got["feather-static"]["throughput_ratio"])
+        assert mine["throughput_ratio"] >= floor, (case, name, got)
+        for key in ("ttft_p99_ratio", "longest_wait_ratio"):
+            ceiling = max(LATENCY_CEILING, got["feather-static"].get(key, 0.0))
+            assert mine.get(key, 0.0) <= ceiling, (case, name, key, got)
+
+
 # ---- still learns STOP where it pays ---------------------------------------------------------
 def test_conservative_ucb_still_learns_stop_where_stopping_pays(tmp_path) -> None:
     """experiments/rl.yaml's training (A100, cascade, 12 runs): the table STOPs where a batch
-    of 64-255 of one group meets a candidate that opens another group and cuts 1K-4K shared
-    tokens, and frozen it beats feather-static on the held-out big groups, as the paper's
-    reading does; training itself stays near feather-static (the paper's reading: 0.49x)."""
+    of 64-127 of one group meets a candidate that opens another group and cuts 1K-4K shared
+    tokens with 64-255 waiting (one of the paper's reading's four such states; a budget of 1%
+    allows no more in 12 runs), and frozen it beats feather-static on the held-out big groups
+    (1.06x; the paper's reading 1.23x); training stays near feather-static (the paper's
+    reading: 0.49x in its worst run)."""
     training = load_experiment(REPO / "experiments" / "rl.yaml").training
     base = SimulationSpec(
         workload=training["train_workloads"][0],
@@ -158,11 +203,13 @@ def test_conservative_ucb_still_learns_stop_where_stopping_pays(tmp_path) -> Non
         params=params,
     )
     stops = [k for k, v in report["policy"].items() if v["action"] == "STOP"]
-    assert stops and all(k.endswith("|g1|j0") and "|d3|" in k for k in stops), stops
+    assert "b7|d3|w5|g1|j0" in stops, stops
+    # STOPs elsewhere only in mixed running sets (5+ groups), never at one group with delta 0
+    assert all(k.endswith("|g1|j0") or k.endswith("|g5|j0") for k in stops), stops
     assert min(h["ratio_to_static"] for h in report["history"]) > 0.85
     held_out = evaluate(
         path, "feather-ucb-conservative", base, training["eval_workloads"][:1], [100], params
     )
     run = held_out["runs"][0]
     assert run["stop_decisions"] > 0
-    assert run["ratio"] > 1.15  # x feather-static
+    assert run["ratio"] > 1.03  # x feather-static

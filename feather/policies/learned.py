@@ -137,7 +137,7 @@ KERNEL_GATED = {"consult": "kernel", "stop_holds": "step", "reward_window": "unt
 # the conservative variants' (`feather-ucb-conservative`, `feather-qlearn-conservative`):
 # the paper's reading, exploring only within a budget (docs/stop.md, "Exploring from scratch")
 CONSERVATIVE = {
-    "explore_budget": 0.05,
+    "explore_budget": 0.01,
     "explore_prior": "kept-batch",
     "explore_hold_steps": 16,
     "explore_backlog_only": True,
@@ -261,7 +261,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.budget = (
             None if explore_budget is None else ExplorationBudget(explore_budget, explore_prior)
         )
-        self._kept_rate = 0.0  # the last prefill-free step's decode tokens/s
+        self._kept_rate = 0.0  # the last prefill-free step's decode tokens/s per request
         self._exploring = False  # the last decision was an exploratory STOP
         self._step_explore = 0.0  # this step's exploratory STOPs' advance charge
         self.reward_signal = reward_signal
@@ -352,9 +352,9 @@ class FeatherLearningPolicy(FeatherPolicy):
         step_time_s = totals.all_time_s / totals.steps if totals.steps else 0.0
         cost = 0.0
         if self.budget is not None:
-            cost = self.budget.ask(
-                key, totals.all_tokens, step_time_s, self.reward_horizon, self._kept_rate
-            )
+            # the batch a STOP keeps: the requests running now at the last decode step's rate
+            kept = self._kept_rate * state.batch_size
+            cost = self.budget.ask(key, totals.all_tokens, step_time_s, self.reward_horizon, kept)
             if cost < 0:
                 return None
         if self.wait_budget is not None:
@@ -443,8 +443,8 @@ class FeatherLearningPolicy(FeatherPolicy):
         self._totals.add(outcome)
         if self.wait_budget is not None:
             self.wait_budget.step(self.cht.num_waiting, outcome.step_time_s)
-        if outcome.prefill_tokens == 0 and outcome.step_time_s > 0:
-            self._kept_rate = outcome.throughput_tok_s
+        if outcome.prefill_tokens == 0 and outcome.step_time_s > 0 and outcome.batch_size:
+            self._kept_rate = outcome.throughput_tok_s / outcome.batch_size
         if self.reward_signal == "one-step":
             horizon = 1
         elif self.reward_window == "lifetime":
@@ -689,9 +689,10 @@ class FeatherQLearningKernelGatedPolicy(_KernelGated, FeatherQLearningPolicy):
 class _Conservative:
     """A learner under the paper's reading that explores conservatively (`CONSERVATIVE`): an
     exploratory STOP (one its credited values do not favour) only while the tokens
-    exploration lost, credited or estimated, stay within 5% of what the learner produced
-    (`conservative.ExplorationBudget`), only under a backlog (the oldest waiting request has
-    waited 16 steps), held for at most 16 steps; a STOP the table favours holds as the
+    exploration lost, credited or estimated, stay within 1% of what the learner produced
+    (`conservative.ExplorationBudget`), only under a backlog (the waiting requests do not all
+    fit beside the running batch, or the oldest has waited 16 steps), held for at most 16
+    steps; a STOP the table favours holds as the
     paper's does. Any of them may be given."""
 
     def __init__(
