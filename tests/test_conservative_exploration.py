@@ -126,12 +126,16 @@ def test_an_exploratory_stop_held_16_steps_costs_little_where_stop_loses() -> No
 
 def test_below_saturation_they_explore_only_under_a_backlog() -> None:
     """The family's grouped Poisson draw (8 groups of 20, half of FCFS's capacity, A100,
-    paged): within budget (200 tokens lost) UCB's exploratory STOPs, 16 steps each, made TTFT
+    paged): within a 5% budget (200 tokens lost) UCB's exploratory STOPs, 16 steps each, made TTFT
     p99 5.0x FCFS's (its 0.17 s is a few steps); allowed only under a backlog (the waiting
     requests do not all fit beside the running batch, or the oldest has waited 16 steps),
     there is no exploratory STOP at all."""
     case = case_of({**DEFAULTS, **NAMED["grouped-poisson"]})
-    anywhere = Variant("anywhere", "feather-ucb-conservative", {"explore_backlog_only": False})
+    anywhere = Variant(  # a 5% budget: at 1% these STOPs are refused by the tokens alone
+        "anywhere",
+        "feather-ucb-conservative",
+        {"explore_backlog_only": False, "explore_budget": 0.05},
+    )
     online = [Variant(f"{n} (online)", n) for n in CONSERVATIVE]
     result = compare(case, [anywhere, *online])
     got = result["feather"]
