@@ -43,6 +43,8 @@ def test_every_registered_name_builds_its_policy() -> None:
         "feather-qlearn",
         "feather-ucb-kernel-gated",
         "feather-qlearn-kernel-gated",
+        "feather-ucb-conservative",
+        "feather-qlearn-conservative",
         "batches",
     ]
     for name in scheduler_names():

@@ -102,6 +102,8 @@ def test_every_registered_scheduler_declares_its_kind() -> None:
         "feather-qlearn": SchedCostKind.CHT,
         "feather-ucb-kernel-gated": SchedCostKind.CHT,
         "feather-qlearn-kernel-gated": SchedCostKind.CHT,
+        "feather-ucb-conservative": SchedCostKind.CHT,
+        "feather-qlearn-conservative": SchedCostKind.CHT,
         "batches": SchedCostKind.PLAN,
     }
 

@@ -2,7 +2,9 @@
 
 The promise (claim C6 and the paper's "no worse than the status quo", read for every
 workload): each Feather policy - feather-static, feather-ucb and feather-qlearn learning
-online (exploration included) and both learners frozen with a trained table - reaches at
+online (exploration included), their conservative variants learning online
+(`feather-ucb-conservative`, `feather-qlearn-conservative`: exploring within a budget) and
+both learners frozen with a trained table - reaches at
 least `THROUGHPUT_FLOOR` x FCFS's output throughput, and below saturation its TTFT p99 and
 longest wait stay within `LATENCY_CEILING` x FCFS's.
 
@@ -29,6 +31,8 @@ from feather.workloads import Workload, load_workload
 THROUGHPUT_FLOOR = 0.99
 LATENCY_CEILING = 1.1
 LEARNERS = ("feather-ucb", "feather-qlearn")
+# the learners exploring within a budget (feather/policies/conservative.py), run online
+CONSERVATIVE_LEARNERS = ("feather-ucb-conservative", "feather-qlearn-conservative")
 
 
 @dataclass(frozen=True)
@@ -101,13 +105,14 @@ class Variant:
 def variants(
     policy_files: dict[str, str | Path] | None = None, hardware: str | None = None
 ) -> list[Variant]:
-    """feather-static, both learners learning online from scratch, and both frozen where a
-    trained table is given. Keys are a learner (`feather-ucb`) or a learner for one device
-    (`feather-ucb@rtx-6000-ada`): a case on `hardware` deploys that device's table, or an
-    unscoped one; a table trained for another device only is not deployed (the boundary of
-    the regime where stopping pays is the device's: docs/stop.md)."""
+    """feather-static, both learners and both conservative learners learning online from
+    scratch, and both learners frozen where a trained table is given. Keys are a learner
+    (`feather-ucb`) or a learner for one device (`feather-ucb@rtx-6000-ada`): a case on
+    `hardware` deploys that device's table, or an unscoped one; a table trained for another
+    device only is not deployed (the boundary of the regime where stopping pays is the
+    device's: docs/stop.md)."""
     out = [Variant("feather-static", "feather-static")]
-    out += [Variant(f"{name} (online)", name) for name in LEARNERS]
+    out += [Variant(f"{name} (online)", name) for name in LEARNERS + CONSERVATIVE_LEARNERS]
     files = dict(policy_files or {})
     for name in LEARNERS:
         path = files.get(f"{name}@{hardware}") if hardware else None

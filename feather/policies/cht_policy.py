@@ -153,6 +153,7 @@ class FeatherPolicy(AdmissionPolicy):
             )
         self.stop_holds = stop_holds
         self._held_at: int | None = None  # the CHT's group_changes when a held STOP began
+        self._held_until: int | None = None  # the step a bounded held STOP ends (`_hold_steps`)
         self.held_stops = 0  # candidates held back by an earlier STOP, the rule not asked
         if max_bypass is not None and max_bypass < 1:
             raise ValueError(f"max_bypass must be >= 1 or None, got {max_bypass}")
@@ -246,8 +247,11 @@ class FeatherPolicy(AdmissionPolicy):
         if joins_group is None:
             joins_group = cht.joins_active_group(candidate)
         changes_groups = state.delta > 0 or not joins_group
-        if self._held_at is not None and self._held_at != cht.group_changes:
-            self._held_at = None  # the batch the STOP kept has changed: ask again
+        if self._held_at is not None and (
+            self._held_at != cht.group_changes
+            or (self._held_until is not None and self._step >= self._held_until)
+        ):
+            self._held_at = None  # the batch the STOP kept has changed, or its bound ran out
         if self._held_at is not None and changes_groups:
             self.held_stops += 1
             action = Action.STOP
@@ -269,6 +273,8 @@ class FeatherPolicy(AdmissionPolicy):
             )
             if action is Action.STOP and self.stop_holds == "group-change" and changes_groups:
                 self._held_at = cht.group_changes
+                steps = self._hold_steps()
+                self._held_until = None if steps is None else self._step + steps
         self.last_step.decisions.append(
             Decision(candidate, batch_size, delta_tokens, state.w, action, forced=False)
         )
@@ -288,6 +294,11 @@ class FeatherPolicy(AdmissionPolicy):
     # ---- the rule ------------------------------------------------------------------------
     def _decide(self, state: DecisionState) -> Action:
         raise NotImplementedError
+
+    def _hold_steps(self) -> int | None:
+        """How many steps the STOP `_decide` just took holds at most under `group-change`
+        (None: until the running groups change). A learner bounds its exploratory STOPs."""
+        return None
 
     def params(self) -> dict[str, Any]:
         return {

@@ -31,9 +31,12 @@ from typing import Any, ClassVar
 from feather.atomic import write_json_atomic
 from feather.policies.base import (
     Action,
+    Request,
+    RequestId,
     StepOutcome,
 )
 from feather.policies.cht_policy import CONSULT, STOP_HOLDS, DecisionState, FeatherPolicy
+from feather.policies.conservative import ExplorationBudget, WaitBudget
 from feather.policies.learning import (
     QTable,
     StateBuckets,
@@ -79,15 +82,25 @@ class _Totals:
 class _Window:
     """The decisions of one step and the steps credited to them (from `start` on)."""
 
-    __slots__ = ("decisions", "first_batch", "first_time_s", "group_changes", "next_key", "start")
+    __slots__ = (
+        "decisions",
+        "explore_estimate",
+        "first_batch",
+        "first_time_s",
+        "group_changes",
+        "next_key",
+        "start",
+    )
 
     def __init__(
         self,
         decisions: list[tuple[str, Action]],
         start: tuple[int, float, int, float, int],
         group_changes: int,
+        explore_estimate: float = 0.0,
     ) -> None:
         self.decisions = decisions
+        self.explore_estimate = explore_estimate  # what its exploratory STOPs were charged
         self.start = start  # `_Totals.snapshot()` before the window's first step
         self.group_changes = group_changes  # the CHT's count when the decisions took effect
         self.first_batch = 0  # the first step's batch size and time ("one-step")
@@ -121,6 +134,14 @@ LIFETIME_MAX_STEPS = 4096
 LEARNER_DEFAULTS = {"consult": "group", "stop_holds": "group-change", "reward_window": "lifetime"}
 # the kernel-gated variants' (`feather-ucb-kernel-gated`, `feather-qlearn-kernel-gated`)
 KERNEL_GATED = {"consult": "kernel", "stop_holds": "step", "reward_window": "until-next"}
+# the conservative variants' (`feather-ucb-conservative`, `feather-qlearn-conservative`):
+# the paper's reading, exploring only within a budget (docs/stop.md, "Exploring from scratch")
+CONSERVATIVE = {
+    "explore_budget": 0.01,
+    "explore_prior": "kept-batch",
+    "explore_hold_steps": 16,
+    "explore_backlog_only": True,
+}
 
 
 class FeatherLearningPolicy(FeatherPolicy):
@@ -199,6 +220,11 @@ class FeatherLearningPolicy(FeatherPolicy):
         buckets: dict[str, Any] | None = None,
         confidence: float = 0.0,
         stop_holds: str = LEARNER_DEFAULTS["stop_holds"],
+        explore_budget: float | None = None,
+        explore_hold_steps: int | None = None,
+        explore_prior: str = "kept-batch",
+        explore_backlog_only: bool = False,
+        explore_wait_budget: float | None = None,
     ) -> None:
         super().__init__(
             seed=seed,
@@ -223,6 +249,21 @@ class FeatherLearningPolicy(FeatherPolicy):
             raise ValueError(
                 f"reward_window must be one of {', '.join(REWARD_WINDOWS)}, got {reward_window!r}"
             )
+        if explore_hold_steps is not None and explore_hold_steps < 1:
+            raise ValueError(f"explore_hold_steps must be >= 1, got {explore_hold_steps}")
+        self.explore_hold_steps = explore_hold_steps
+        self.explore_backlog_only = explore_backlog_only
+        self.refused_no_backlog = 0  # exploratory STOPs refused without a backlog
+        self._arrived_step: dict[RequestId, int] = {}  # live requests (explore_backlog_only)
+        self.wait_budget = (
+            None if explore_wait_budget is None else WaitBudget(explore_wait_budget)
+        )
+        self.budget = (
+            None if explore_budget is None else ExplorationBudget(explore_budget, explore_prior)
+        )
+        self._kept_rate = 0.0  # the last prefill-free step's decode tokens/s per request
+        self._exploring = False  # the last decision was an exploratory STOP
+        self._step_explore = 0.0  # this step's exploratory STOPs' advance charge
         self.reward_signal = reward_signal
         self.reward_window = reward_window
         self.frozen = frozen
@@ -282,8 +323,79 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.decisions_taken += 1
         if self._decided_step != self._step:
             self._decided_step, self._step_decisions = self._step, []
+            self._step_explore = 0.0
+        exploratory = (
+            not self.frozen
+            and action is Action.STOP
+            and self.table.greedy(key) is not Action.STOP
+        )
+        self._exploring = False
+        if exploratory:
+            cost = self._explore_cost(key, state)
+            if cost is None:  # over a budget: the status quo
+                action = self.table.overrule(key, Action.STOP, Action.ADD)
+            else:
+                self._exploring = True
+                self._step_explore += cost
         self._step_decisions.append((key, action))
         return action
+
+    def _explore_cost(self, key: str, state: DecisionState) -> float | None:
+        """The tokens an exploratory STOP is charged in advance, or None where a budget
+        refuses it (no budget: 0, always allowed)."""
+        # no backlog: below saturation a STOP cannot raise throughput (it is the arrival
+        # rate), only add wait
+        if self.explore_backlog_only and not self._backlogged(state):
+            self.refused_no_backlog += 1
+            return None
+        totals = self._totals
+        step_time_s = totals.all_time_s / totals.steps if totals.steps else 0.0
+        cost = 0.0
+        if self.budget is not None:
+            # the batch a STOP keeps: the requests running now at the last decode step's rate
+            kept = self._kept_rate * state.batch_size
+            cost = self.budget.ask(key, totals.all_tokens, step_time_s, self.reward_horizon, kept)
+            if cost < 0:
+                return None
+        if self.wait_budget is not None:
+            held = min(state.waiting, state.max_running - state.batch_size)
+            hold = self.explore_hold_steps or self.reward_horizon
+            if not self.wait_budget.ask(held, hold * step_time_s):
+                if self.budget is not None:
+                    self.budget.refund(cost)
+                return None
+        return cost
+
+    def _backlogged(self, state: DecisionState) -> bool:
+        """Requests queue anyway: the waiting ones do not all fit beside the running batch,
+        or the oldest has waited at least as many steps as an exploratory STOP holds. Below
+        saturation FCFS admits each on arrival."""
+        if state.batch_size + state.waiting > state.max_running:
+            return True
+        oldest = self.cht.oldest()
+        if oldest is None or oldest not in self._arrived_step:
+            return False
+        hold = self.explore_hold_steps or self.reward_horizon
+        return self._step - self._arrived_step[oldest] >= hold
+
+    def _on_arrival(self, request: Request) -> None:
+        super()._on_arrival(request)
+        if self.explore_backlog_only:
+            self._arrived_step[request.req_id] = self._step
+
+    def _on_leave_running(self, req_id: RequestId, *, finished: bool) -> None:
+        super()._on_leave_running(req_id, finished=finished)
+        if finished:
+            self._arrived_step.pop(req_id, None)
+
+    def _on_drop_waiting(self, req_id: RequestId) -> None:
+        super()._on_drop_waiting(req_id)
+        self._arrived_step.pop(req_id, None)
+
+    def _hold_steps(self) -> int | None:
+        """An exploratory STOP holds at most `explore_hold_steps`; one the table favours
+        holds as the paper's STOP does."""
+        return self.explore_hold_steps if self._exploring else None
 
     def report_step(self, outcome: StepOutcome) -> None:
         windows = self._windows
@@ -309,9 +421,15 @@ class FeatherLearningPolicy(FeatherPolicy):
                 while windows:
                     self._credit(windows.popleft())
             windows.append(
-                _Window(self._step_decisions, self._totals.snapshot(), self.cht.group_changes)
+                _Window(
+                    self._step_decisions,
+                    self._totals.snapshot(),
+                    self.cht.group_changes,
+                    self._step_explore,
+                )
             )
             self._step_decisions = []
+            self._step_explore = 0.0
         if outcome.step_time_s > 0:
             if self.reward_signal == "one-step":
                 self._max_throughput = max(
@@ -323,6 +441,10 @@ class FeatherLearningPolicy(FeatherPolicy):
             windows[-1].first_batch = outcome.batch_size
             windows[-1].first_time_s = outcome.step_time_s
         self._totals.add(outcome)
+        if self.wait_budget is not None:
+            self.wait_budget.step(self.cht.num_waiting, outcome.step_time_s)
+        if outcome.prefill_tokens == 0 and outcome.step_time_s > 0 and outcome.batch_size:
+            self._kept_rate = outcome.throughput_tok_s / outcome.batch_size
         if self.reward_signal == "one-step":
             horizon = 1
         elif self.reward_window == "lifetime":
@@ -341,10 +463,13 @@ class FeatherLearningPolicy(FeatherPolicy):
         while self._windows:
             self._credit(self._windows.popleft())
         self._step_decisions = []
+        self._step_explore = 0.0
 
     def _credit(self, window: _Window) -> None:
         next_key = window.next_key
         tokens, seconds = window.tokens_and_time(self.reward_signal, self._totals)
+        if self.budget is not None and not self.frozen:
+            self.budget.credit(window.decisions, tokens, seconds, window.explore_estimate)
         if self.frozen or seconds <= 0:
             # no evidence (no prefill-free step in the window): the choices stay counted as
             # tried (`pending`), so a state that never yields evidence is not explored forever
@@ -440,6 +565,11 @@ class FeatherLearningPolicy(FeatherPolicy):
             "reward_scale_tok_s": self.reward_scale_tok_s,
             "reward_signal": self.reward_signal,
             "reward_window": self.reward_window,
+            "explore_budget": self.budget.alpha if self.budget is not None else None,
+            "explore_hold_steps": self.explore_hold_steps,
+            "explore_prior": self.budget.prior if self.budget is not None else None,
+            "explore_backlog_only": self.explore_backlog_only,
+            "explore_wait_budget": self.wait_budget.alpha if self.wait_budget else None,
             "buckets": self.buckets.to_json(),
             "learner": {"confidence": self.table.confidence, **self._learner_params()},
             "policy_file": self.policy_file,
@@ -554,3 +684,42 @@ class FeatherQLearningKernelGatedPolicy(_KernelGated, FeatherQLearningPolicy):
     """`feather-qlearn` under the kernel-gated rule (`_KernelGated`)."""
 
     name = "feather-qlearn-kernel-gated"
+
+
+class _Conservative:
+    """A learner under the paper's reading that explores conservatively (`CONSERVATIVE`): an
+    exploratory STOP (one its credited values do not favour) only while the tokens
+    exploration lost, credited or estimated, stay within 1% of what the learner produced
+    (`conservative.ExplorationBudget`), only under a backlog (the waiting requests do not all
+    fit beside the running batch, or the oldest has waited 16 steps), held for at most 16
+    steps; a STOP the table favours holds as the
+    paper's does. Any of them may be given."""
+
+    def __init__(
+        self,
+        *,
+        explore_budget: float | None = CONSERVATIVE["explore_budget"],
+        explore_prior: str = CONSERVATIVE["explore_prior"],
+        explore_hold_steps: int | None = CONSERVATIVE["explore_hold_steps"],
+        explore_backlog_only: bool = CONSERVATIVE["explore_backlog_only"],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(  # type: ignore[call-arg]
+            explore_budget=explore_budget,
+            explore_prior=explore_prior,
+            explore_hold_steps=explore_hold_steps,
+            explore_backlog_only=explore_backlog_only,
+            **kwargs,
+        )
+
+
+class FeatherUCBConservativePolicy(_Conservative, FeatherUCBPolicy):
+    """`feather-ucb` exploring within a budget (`_Conservative`)."""
+
+    name = "feather-ucb-conservative"
+
+
+class FeatherQLearningConservativePolicy(_Conservative, FeatherQLearningPolicy):
+    """`feather-qlearn` exploring within a budget (`_Conservative`)."""
+
+    name = "feather-qlearn-conservative"

@@ -204,6 +204,12 @@ class _ActionTable:
         waiting[action] = waiting.get(action, 0) + 1
         return action
 
+    def overrule(self, key: str, chosen: Action, instead: Action) -> Action:
+        """`choose` said `chosen` and the caller takes `instead` (an exploratory STOP its
+        budget refused): the choice awaiting a reward is `instead`."""
+        self.settle(key, chosen)
+        return self._chosen(key, instead)
+
     def settle(self, key: str, action: Action) -> None:
         """A choice's reward arrived (or never will): it no longer awaits one."""
         waiting = self.pending.get(key, {})

@@ -32,16 +32,22 @@ _BUILTIN: dict[str, str] = {
     # batch's common prefix once, a STOP for one step, credited until the next decision)
     "feather-ucb-kernel-gated": "feather.policies.learned:FeatherUCBKernelGatedPolicy",
     "feather-qlearn-kernel-gated": "feather.policies.learned:FeatherQLearningKernelGatedPolicy",
+    # the paper's reading, exploring only within a budget of the tokens ADD would earn, an
+    # exploratory STOP held at most 16 steps (learned.py CONSERVATIVE, conservative.py)
+    "feather-ucb-conservative": "feather.policies.learned:FeatherUCBConservativePolicy",
+    "feather-qlearn-conservative": "feather.policies.learned:FeatherQLearningConservativePolicy",
     "batches": "feather.policies.fixed_batches:FixedBatchesPolicy",
 }
 
 # the learners `feather train` trains: each learner under the paper's reading, then each under
-# the kernel-gated rule
+# the kernel-gated rule, then each exploring conservatively
 LEARNERS = (
     "feather-ucb",
     "feather-qlearn",
     "feather-ucb-kernel-gated",
     "feather-qlearn-kernel-gated",
+    "feather-ucb-conservative",
+    "feather-qlearn-conservative",
 )
 
 
