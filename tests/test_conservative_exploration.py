@@ -10,8 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from test_never_worse import DEFAULTS, NAMED, _with_examples, case_of, family
+from hypothesis import given
+from test_never_worse import (
+    DEFAULTS,
+    FAMILY_SETTINGS,
+    NAMED,
+    _with_examples,
+    case_of,
+    family,
+)
 
 from feather.bench.never_worse import (
     LARGE_CASES,
@@ -154,12 +161,7 @@ def test_below_saturation_they_explore_only_under_a_backlog() -> None:
 )
 @given(draw=family())
 @_with_examples
-@settings(
-    max_examples=11,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@FAMILY_SETTINGS
 def test_the_conservative_learners_hold_on_the_generated_family(draw) -> None:
     """tests/test_never_worse.py's family (its named cases and 11 draws of its own): both
     conservative learners online from scratch, asked at every group change on any kernel,

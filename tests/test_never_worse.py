@@ -180,6 +180,15 @@ DEFAULTS = {"suffix": 32, "output": 128, "order": "shuffled", "poisson": False, 
             "engine_mode": "vllm", "kernel": "paged", "hardware": "a100-80gb", "seed": 0}
 
 
+# the family's draws: the same 11 for every test that runs it (derandomized)
+FAMILY_SETTINGS = settings(
+    max_examples=11,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
 def _with_examples(test):
     for named in NAMED.values():
         test = example(draw={**DEFAULTS, **named})(test)
@@ -188,12 +197,7 @@ def _with_examples(test):
 
 @given(draw=family())
 @_with_examples
-@settings(
-    max_examples=11,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+@FAMILY_SETTINGS
 def test_every_feather_policy_is_never_worse_than_fcfs(draw, policy_files) -> None:
     case = case_of(draw)
     policies = gated(policy_files, case.hardware)  # the device's own tables

@@ -28,9 +28,10 @@ def workload(tmp_path_factory) -> Path:
     return write_workload(build(WORKLOAD), tmp_path_factory.mktemp("w") / "w.parquet")
 
 
-def sweep(tmp: Path, workload: Path, attention: str, prefix_cache: str) -> dict:
+def sweep(tmp: Path, workload: Path, attention: str = "vllm", prefix_cache: str = "cold",
+          schedulers: tuple = SCHEDULERS) -> dict:
     setup = OnlineSweep(
-        schedulers=SCHEDULERS,
+        schedulers=schedulers,
         dataset=OnlineDataset(kind="workload", workload=str(workload)),
         load_fractions=(0.5,),
         repeats=1,
@@ -109,17 +110,8 @@ def test_a_learner_learns_while_it_serves_and_its_table_outlives_the_server(tmp_
     from feather.policies import create_scheduler
 
     workload = write_workload(build(LEARNING_WORKLOAD), tmp_path / "learn.parquet")
-    setup = OnlineSweep(
-        schedulers=(("fcfs", "fcfs", ()), ("feather-ucb", "feather-ucb", ())),
-        dataset=OnlineDataset(kind="workload", workload=str(workload)),
-        load_fractions=(0.5,),
-        repeats=1,
-        model="tiny-llama",
-        max_num_seqs=4,
-        num_blocks=40,
-        model_root=str(tmp_path / "models"),
-    )
-    result = run_online_sweep(setup, tmp_path / "out")
+    learner = (("fcfs", "fcfs", ()), ("feather-ucb", "feather-ucb", ()))
+    result = sweep(tmp_path, workload, schedulers=learner)
     assert set(result["learned"]) == {"feather-ucb"}  # fcfs learns nothing, keeps no table
     learned = result["learned"]["feather-ucb"]
     saved = Path(learned["policy_file"])
