@@ -42,7 +42,14 @@ SHAPES = (
     "spread=0.25,seed={seed}",
     "synthetic:groups=16,per_group=6,prefix=512,suffix=16,output=32,order=shuffled,"
     "spread=0.25,seed={seed}",
+    "synthetic:groups=8,per_group=12,prefix=2048,suffix=16,output=64,order=interleaved,"
+    "spread=0.25,seed={seed}",
 )
+# Issue 45's bar: trained with the defaults on shapes it never saw, a learner visits at least
+# 20 states. Measured 2026-12-07 (A100, paged): on the first two shapes, seeds 0-1, UCB 19 and
+# Q-learning 17 states; seeds 0-2 (`feather train`'s default) 21 and 19; all three shapes,
+# seeds 0-1, 22 and 21.
+MIN_STATES = 20
 
 
 def _rule(policy) -> dict[str, str]:
@@ -85,7 +92,7 @@ def test_trained_with_the_defaults_on_a_paged_kernel_a_learner_visits_states(
     base = SimulationSpec(SHAPES[0], learner, "a100-80gb", "llama-3.1-8b")
     assert base.kernel == "paged"
     report = train(learner, base, SHAPES, [0, 1], tmp_path / "p.json")
-    assert report["states"] >= 10 and report["history"][-1]["updates"] >= 20
+    assert report["states"] >= MIN_STATES and report["history"][-1]["updates"] >= 20
     assert json.loads((tmp_path / "p.json").read_text())["decision"] == {
         "consult": "group", "stop_holds": "group-change"}  # fmt: skip
     gated = train(f"{learner}-kernel-gated", base, SHAPES, [0, 1], tmp_path / "g.json")
@@ -96,13 +103,13 @@ def test_feather_train_with_its_defaults_learns(tmp_path, capsys) -> None:
     """`feather train --learner feather-ucb` with nothing but workloads and a device."""
     out = tmp_path / "ucb.json"
     argv = ["train", "--learner", "feather-ucb", "--hardware", "a100-80gb", "--model",
-            "llama-3.1-8b", "--train-seeds", "0,1", "--out", str(out), "--quiet"]  # fmt: skip
+            "llama-3.1-8b", "--out", str(out), "--quiet"]  # fmt: skip
     for shape in SHAPES:
         argv += ["--train-workload", shape]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["kernel"] == "paged" and report["spec"]["params"] == {}
-    assert report["training"]["states"] >= 10
+    assert report["training"]["states"] >= MIN_STATES
     assert report["training"]["history"][-1]["updates"] >= 20
     assert json.loads(out.read_text())["decision"]["consult"] == "group"
 
