@@ -34,6 +34,7 @@ from feather.policies.base import (
     Request,
     RequestId,
     StepOutcome,
+    StopReason,
 )
 from feather.policies.cht_policy import CONSULT, STOP_HOLDS, DecisionState, FeatherPolicy
 from feather.policies.conservative import ExplorationBudget, WaitBudget
@@ -141,6 +142,7 @@ CONSERVATIVE = {
     "explore_prior": "kept-batch",
     "explore_hold_steps": 16,
     "explore_backlog_only": True,
+    "explore_pool_bound": False,
 }
 
 
@@ -224,6 +226,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         explore_hold_steps: int | None = None,
         explore_prior: str = "kept-batch",
         explore_backlog_only: bool = False,
+        explore_pool_bound: bool = True,
         explore_wait_budget: float | None = None,
     ) -> None:
         super().__init__(
@@ -254,6 +257,9 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.explore_hold_steps = explore_hold_steps
         self.explore_backlog_only = explore_backlog_only
         self.refused_no_backlog = 0  # exploratory STOPs refused without a backlog
+        self.explore_pool_bound = explore_pool_bound
+        self.refused_pool_bound = 0  # exploratory STOPs refused where the KV pool bounds
+        self._pool_bound = False  # the last admission that ended on its own was refused
         self._arrived_step: dict[RequestId, int] = {}  # live requests (explore_backlog_only)
         self.wait_budget = (
             None if explore_wait_budget is None else WaitBudget(explore_wait_budget)
@@ -343,6 +349,9 @@ class FeatherLearningPolicy(FeatherPolicy):
     def _explore_cost(self, key: str, state: DecisionState) -> float | None:
         """The tokens an exploratory STOP is charged in advance, or None where a budget
         refuses it (no budget: 0, always allowed)."""
+        if not self.explore_pool_bound and self._pool_bound:
+            self.refused_pool_bound += 1
+            return None
         # no backlog: below saturation a STOP cannot raise throughput (it is the arrival
         # rate), only add wait
         if self.explore_backlog_only and not self._backlogged(state):
@@ -392,12 +401,29 @@ class FeatherLearningPolicy(FeatherPolicy):
         super()._on_drop_waiting(req_id)
         self._arrived_step.pop(req_id, None)
 
+    def _note_admission_end(self) -> None:
+        """Whether the KV pool bounds the batch (`explore_pool_bound`): the last admission
+        that did not end on a STOP (or on the token budget, which says nothing of the pool)
+        ended on a candidate the engine could not fit. There an exploratory STOP either keeps
+        the batch below what the pool holds, which FCFS fills, or is no STOP at all (the
+        engine would refuse the candidate anyway): credited at the full batch's rate, such
+        STOPs taught the table that STOP costs nothing where the pool is full, and the greedy
+        STOP learned from them, taken where the batch was not yet full and held until the
+        groups changed, cost 5.6% on tight-KV tiny groups (docs/stop.md, "Exploring from
+        scratch"); the budget, estimating from the same credits, charged nothing."""
+        reason = self.last_step.stop_reason
+        if reason is StopReason.REFUSED:
+            self._pool_bound = True
+        elif reason in (StopReason.NO_WAITING, StopReason.MAX_RUNNING):
+            self._pool_bound = False
+
     def _hold_steps(self) -> int | None:
         """An exploratory STOP holds at most `explore_hold_steps`; one the table favours
         holds as the paper's STOP does."""
         return self.explore_hold_steps if self._exploring else None
 
     def report_step(self, outcome: StepOutcome) -> None:
+        self._note_admission_end()
         windows = self._windows
         if self.reward_window == "lifetime":
             # the batch a window's decisions formed is gone once a group started or stopped
@@ -569,6 +595,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             "explore_hold_steps": self.explore_hold_steps,
             "explore_prior": self.budget.prior if self.budget is not None else None,
             "explore_backlog_only": self.explore_backlog_only,
+            "explore_pool_bound": self.explore_pool_bound,
             "explore_wait_budget": self.wait_budget.alpha if self.wait_budget else None,
             "buckets": self.buckets.to_json(),
             "learner": {"confidence": self.table.confidence, **self._learner_params()},
@@ -702,6 +729,7 @@ class _Conservative:
         explore_prior: str = CONSERVATIVE["explore_prior"],
         explore_hold_steps: int | None = CONSERVATIVE["explore_hold_steps"],
         explore_backlog_only: bool = CONSERVATIVE["explore_backlog_only"],
+        explore_pool_bound: bool = CONSERVATIVE["explore_pool_bound"],
         **kwargs: Any,
     ) -> None:
         super().__init__(  # type: ignore[call-arg]
@@ -709,6 +737,7 @@ class _Conservative:
             explore_prior=explore_prior,
             explore_hold_steps=explore_hold_steps,
             explore_backlog_only=explore_backlog_only,
+            explore_pool_bound=explore_pool_bound,
             **kwargs,
         )
 
