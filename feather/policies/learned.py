@@ -34,7 +34,6 @@ from feather.policies.base import (
     Request,
     RequestId,
     StepOutcome,
-    StopReason,
 )
 from feather.policies.cht_policy import CONSULT, STOP_HOLDS, DecisionState, FeatherPolicy
 from feather.policies.conservative import ExplorationBudget, WaitBudget
@@ -259,7 +258,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.refused_no_backlog = 0  # exploratory STOPs refused without a backlog
         self.explore_pool_bound = explore_pool_bound
         self.refused_pool_bound = 0  # exploratory STOPs refused where the KV pool bounds
-        self._pool_bound = False  # the last admission that ended on its own was refused
+        self._pool_bound_step = -(10**9)  # the last step the engine refused or preempted
         self._arrived_step: dict[RequestId, int] = {}  # live requests (explore_backlog_only)
         self.wait_budget = (
             None if explore_wait_budget is None else WaitBudget(explore_wait_budget)
@@ -349,7 +348,7 @@ class FeatherLearningPolicy(FeatherPolicy):
     def _explore_cost(self, key: str, state: DecisionState) -> float | None:
         """The tokens an exploratory STOP is charged in advance, or None where a budget
         refuses it (no budget: 0, always allowed)."""
-        if not self.explore_pool_bound and self._pool_bound:
+        if not self.explore_pool_bound and self._pool_bounds():
             self.refused_pool_bound += 1
             return None
         # no backlog: below saturation a STOP cannot raise throughput (it is the arrival
@@ -387,6 +386,24 @@ class FeatherLearningPolicy(FeatherPolicy):
         hold = self.explore_hold_steps or self.reward_horizon
         return self._step - self._arrived_step[oldest] >= hold
 
+    def _pool_bounds(self) -> bool:
+        """The engine's KV pool, not the policy, bounds the batch (`explore_pool_bound`): it
+        refused a candidate it could not fit, or preempted a running request, within the
+        steps an exploratory STOP holds. There an exploratory STOP either keeps the batch below
+        what the pool holds, which FCFS fills, or is no STOP at all (the engine would refuse
+        the candidate anyway). Credited at the full batch's rate, such STOPs taught the table
+        that STOP costs nothing there, so the budget charged them nothing, and the greedy STOP
+        learned from them, taken where the batch was not yet full and held until the groups
+        changed, cost a round: 0.944x FCFS on tight-KV tiny groups (docs/stop.md, "Exploring
+        from scratch"). A preempted request waits again, so under preemption the backlog gate
+        passes, and a STOP held on its return ran the pool's tail later (0.964x)."""
+        hold = self.explore_hold_steps or self.reward_horizon
+        return self._step - self._pool_bound_step <= hold
+
+    def _on_refused(self, req_id: RequestId) -> None:
+        super()._on_refused(req_id)
+        self._pool_bound_step = self._step
+
     def _on_arrival(self, request: Request) -> None:
         super()._on_arrival(request)
         if self.explore_backlog_only:
@@ -396,26 +413,12 @@ class FeatherLearningPolicy(FeatherPolicy):
         super()._on_leave_running(req_id, finished=finished)
         if finished:
             self._arrived_step.pop(req_id, None)
+        else:  # preempted: the pool ran out
+            self._pool_bound_step = self._step
 
     def _on_drop_waiting(self, req_id: RequestId) -> None:
         super()._on_drop_waiting(req_id)
         self._arrived_step.pop(req_id, None)
-
-    def _note_admission_end(self) -> None:
-        """Whether the KV pool bounds the batch (`explore_pool_bound`): the last admission
-        that did not end on a STOP (or on the token budget, which says nothing of the pool)
-        ended on a candidate the engine could not fit. There an exploratory STOP either keeps
-        the batch below what the pool holds, which FCFS fills, or is no STOP at all (the
-        engine would refuse the candidate anyway): credited at the full batch's rate, such
-        STOPs taught the table that STOP costs nothing where the pool is full, and the greedy
-        STOP learned from them, taken where the batch was not yet full and held until the
-        groups changed, cost 5.6% on tight-KV tiny groups (docs/stop.md, "Exploring from
-        scratch"); the budget, estimating from the same credits, charged nothing."""
-        reason = self.last_step.stop_reason
-        if reason is StopReason.REFUSED:
-            self._pool_bound = True
-        elif reason in (StopReason.NO_WAITING, StopReason.MAX_RUNNING):
-            self._pool_bound = False
 
     def _hold_steps(self) -> int | None:
         """An exploratory STOP holds at most `explore_hold_steps`; one the table favours
@@ -423,7 +426,6 @@ class FeatherLearningPolicy(FeatherPolicy):
         return self.explore_hold_steps if self._exploring else None
 
     def report_step(self, outcome: StepOutcome) -> None:
-        self._note_admission_end()
         windows = self._windows
         if self.reward_window == "lifetime":
             # the batch a window's decisions formed is gone once a group started or stopped
