@@ -187,8 +187,9 @@ def test_no_exploratory_stop_where_the_kv_pool_bounds_the_batch() -> None:
     would have refused the candidate anyway), were credited at the full batch's rate, so the
     budget charged them nothing and STOP looked as good as ADD; the greedy STOP that followed,
     taken at four requests and held until the groups changed, cost a round: 0.944x FCFS
-    (feather-static 0.997x). Refused where the last admission ended on a candidate the pool
-    could not fit (`explore_pool_bound: false`), there is no STOP and no loss."""
+    (feather-static 0.997x). Refused where the engine refused a candidate or preempted a
+    request within the last 16 steps (`explore_pool_bound: false`), there is no STOP and no
+    loss."""
     shape = {"shape": "tiny-groups", "groups": 26, "per_group": 3, "prefix": 128, "suffix": 42}
     run = {"output": 4, "order": "grouped", "tight": True, "hardware": "rtx-6000-ada", "seed": 387}
     case = case_of({**DEFAULTS, **shape, **run})

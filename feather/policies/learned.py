@@ -720,9 +720,10 @@ class _Conservative:
     exploratory STOP (one its credited values do not favour) only while the tokens
     exploration lost, credited or estimated, stay within 1% of what the learner produced
     (`conservative.ExplorationBudget`), only under a backlog (the waiting requests do not all
-    fit beside the running batch, or the oldest has waited 16 steps), held for at most 16
-    steps; a STOP the table favours holds as the
-    paper's does. Any of them may be given."""
+    fit beside the running batch, or the oldest has waited 16 steps), not where the KV pool
+    bounds the batch (the engine refused a candidate or preempted a request within the last
+    16 steps), held for at most 16 steps; a STOP the table favours holds as the paper's does.
+    Any of them may be given."""
 
     def __init__(
         self,
