@@ -25,6 +25,12 @@ the waiting requests do not all fit beside the running batch, or the oldest has 
 long as an exploratory STOP holds). `WaitBudget` is the other way measured (a budget of the
 queueing exploration adds, 5% of what requests queued anyway): it kept the latency, but a
 STOP that pays holds a whole group back, so it never let one through and nothing was learned.
+
+Nor do they explore where the KV pool bounds the batch (`explore_pool_bound`, learned.py: the
+engine refused a candidate or preempted a request within an exploratory STOP's hold): there
+a STOP on a full pool costs nothing and is credited as if STOP were free, which the budget
+(estimating from those credits) cannot see, and the greedy STOP learned from it shrinks the
+batch below what FCFS fills.
 """
 
 from __future__ import annotations

@@ -141,6 +141,7 @@ CONSERVATIVE = {
     "explore_prior": "kept-batch",
     "explore_hold_steps": 16,
     "explore_backlog_only": True,
+    "explore_pool_bound": False,
 }
 
 
@@ -224,6 +225,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         explore_hold_steps: int | None = None,
         explore_prior: str = "kept-batch",
         explore_backlog_only: bool = False,
+        explore_pool_bound: bool = True,
         explore_wait_budget: float | None = None,
     ) -> None:
         super().__init__(
@@ -254,6 +256,9 @@ class FeatherLearningPolicy(FeatherPolicy):
         self.explore_hold_steps = explore_hold_steps
         self.explore_backlog_only = explore_backlog_only
         self.refused_no_backlog = 0  # exploratory STOPs refused without a backlog
+        self.explore_pool_bound = explore_pool_bound
+        self.refused_pool_bound = 0  # exploratory STOPs refused where the KV pool bounds
+        self._pool_bound_step = -(10**9)  # the last step the engine refused or preempted
         self._arrived_step: dict[RequestId, int] = {}  # live requests (explore_backlog_only)
         self.wait_budget = (
             None if explore_wait_budget is None else WaitBudget(explore_wait_budget)
@@ -343,6 +348,9 @@ class FeatherLearningPolicy(FeatherPolicy):
     def _explore_cost(self, key: str, state: DecisionState) -> float | None:
         """The tokens an exploratory STOP is charged in advance, or None where a budget
         refuses it (no budget: 0, always allowed)."""
+        if not self.explore_pool_bound and self._pool_bounds():
+            self.refused_pool_bound += 1
+            return None
         # no backlog: below saturation a STOP cannot raise throughput (it is the arrival
         # rate), only add wait
         if self.explore_backlog_only and not self._backlogged(state):
@@ -378,6 +386,24 @@ class FeatherLearningPolicy(FeatherPolicy):
         hold = self.explore_hold_steps or self.reward_horizon
         return self._step - self._arrived_step[oldest] >= hold
 
+    def _pool_bounds(self) -> bool:
+        """The engine's KV pool, not the policy, bounds the batch (`explore_pool_bound`): it
+        refused a candidate it could not fit, or preempted a running request, within the
+        steps an exploratory STOP holds. There an exploratory STOP either keeps the batch below
+        what the pool holds, which FCFS fills, or is no STOP at all (the engine would refuse
+        the candidate anyway). Credited at the full batch's rate, such STOPs taught the table
+        that STOP costs nothing there, so the budget charged them nothing, and the greedy STOP
+        learned from them, taken where the batch was not yet full and held until the groups
+        changed, cost a round: 0.944x FCFS on tight-KV tiny groups (docs/stop.md, "Exploring
+        from scratch"). A preempted request waits again, so under preemption the backlog gate
+        passes, and a STOP held on its return ran the pool's tail later (0.964x)."""
+        hold = self.explore_hold_steps or self.reward_horizon
+        return self._step - self._pool_bound_step <= hold
+
+    def _on_refused(self, req_id: RequestId) -> None:
+        super()._on_refused(req_id)
+        self._pool_bound_step = self._step
+
     def _on_arrival(self, request: Request) -> None:
         super()._on_arrival(request)
         if self.explore_backlog_only:
@@ -387,6 +413,8 @@ class FeatherLearningPolicy(FeatherPolicy):
         super()._on_leave_running(req_id, finished=finished)
         if finished:
             self._arrived_step.pop(req_id, None)
+        else:  # preempted: the pool ran out
+            self._pool_bound_step = self._step
 
     def _on_drop_waiting(self, req_id: RequestId) -> None:
         super()._on_drop_waiting(req_id)
@@ -569,6 +597,7 @@ class FeatherLearningPolicy(FeatherPolicy):
             "explore_hold_steps": self.explore_hold_steps,
             "explore_prior": self.budget.prior if self.budget is not None else None,
             "explore_backlog_only": self.explore_backlog_only,
+            "explore_pool_bound": self.explore_pool_bound,
             "explore_wait_budget": self.wait_budget.alpha if self.wait_budget else None,
             "buckets": self.buckets.to_json(),
             "learner": {"confidence": self.table.confidence, **self._learner_params()},
@@ -691,9 +720,10 @@ class _Conservative:
     exploratory STOP (one its credited values do not favour) only while the tokens
     exploration lost, credited or estimated, stay within 1% of what the learner produced
     (`conservative.ExplorationBudget`), only under a backlog (the waiting requests do not all
-    fit beside the running batch, or the oldest has waited 16 steps), held for at most 16
-    steps; a STOP the table favours holds as the
-    paper's does. Any of them may be given."""
+    fit beside the running batch, or the oldest has waited 16 steps), not where the KV pool
+    bounds the batch (the engine refused a candidate or preempted a request within the last
+    16 steps), held for at most 16 steps; a STOP the table favours holds as the paper's does.
+    Any of them may be given."""
 
     def __init__(
         self,
@@ -702,6 +732,7 @@ class _Conservative:
         explore_prior: str = CONSERVATIVE["explore_prior"],
         explore_hold_steps: int | None = CONSERVATIVE["explore_hold_steps"],
         explore_backlog_only: bool = CONSERVATIVE["explore_backlog_only"],
+        explore_pool_bound: bool = CONSERVATIVE["explore_pool_bound"],
         **kwargs: Any,
     ) -> None:
         super().__init__(  # type: ignore[call-arg]
@@ -709,6 +740,7 @@ class _Conservative:
             explore_prior=explore_prior,
             explore_hold_steps=explore_hold_steps,
             explore_backlog_only=explore_backlog_only,
+            explore_pool_bound=explore_pool_bound,
             **kwargs,
         )
 
