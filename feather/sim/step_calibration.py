@@ -249,7 +249,7 @@ def capacity_rule(
     `cache_bytes` (default: the per-core L2 its host reported, or with `cache_level` 3 its L3:
     which one a kernel's re-reads find is measured, not assumed), and its record for the fit
     file: items are one head's K and V of one block in the engine's KV dtype."""
-    from feather.workloads.cache_regime import per_core_l2_bytes
+    from feather.workloads.cache_regime import cache_bytes as host_cache_bytes
 
     summary = json.loads((Path(run_dir) / "summary.json").read_text())
     provenance = summary["provenance"]
@@ -259,18 +259,18 @@ def capacity_rule(
     dtype = str(engine.get("dtype"))
     if dtype not in DTYPE_BYTES:
         raise CalibrationInputError(f"{run_dir}: no element size known for KV dtype {dtype}")
-    caches = (provenance.get("host") or {}).get("cpu_caches") or []
-    if cache_bytes is None and cache_level == 3:
-        cache_bytes = next((int(c["size_bytes"]) for c in caches
-                            if c.get("level") == 3 and c.get("type") == "Unified"), None)
-        cache = cache or "L3 (the runs' host, shared by its cores)"
+    if cache_bytes is None:
+        caches = (provenance.get("host") or {}).get("cpu_caches") or []
+        cache_bytes = host_cache_bytes(cache_level, caches)
+        cache = cache or (
+            "L3 (the runs' host, shared by its cores)"
+            if cache_level == 3
+            else "L2 per core (the runs' host)"
+        )
         if not cache_bytes:
-            raise CalibrationInputError(f"{run_dir}: its host reported no L3: give cache_bytes")
-    elif cache_bytes is None:
-        cache_bytes = per_core_l2_bytes(caches)
-        cache = cache or "L2 per core (the runs' host)"
-        if not cache_bytes:
-            raise CalibrationInputError(f"{run_dir}: its host reported no L2: give cache_bytes")
+            raise CalibrationInputError(
+                f"{run_dir}: its host reported no L{cache_level}: give cache_bytes"
+            )
     item = int(engine["block_size"]) * model.head_dim * 2 * DTYPE_BYTES[dtype]
     read_once = (run_attention(summary) or "vllm") == "cascade"
     rule = ColdRule(CAPACITY, max(1, cache_bytes // item), read_once, replacement)

@@ -33,12 +33,18 @@ FALLBACK_L2_BYTES = 2 * 2**20  # where Linux reports no L2 (the host the rule wa
 MAX_PREFIX_TOKENS = 8192
 
 
-def per_core_l2_bytes(caches: Sequence[dict[str, Any]] | None = None) -> int | None:
-    """The size of one L2 instance (unified or data) as Linux reports CPU 0's caches."""
+def cache_bytes(level: int, caches: Sequence[dict[str, Any]] | None = None) -> int | None:
+    """The size of one instance of the level's cache (unified or data) as Linux reports CPU
+    0's caches: per core for the L2, shared by the cores for an L3."""
     for cache in cpu_caches() if caches is None else caches:
-        if cache.get("level") == 2 and cache.get("type") in ("Unified", "Data"):
+        if cache.get("level") == level and cache.get("type") in ("Unified", "Data"):
             return int(cache["size_bytes"])
     return None
+
+
+def per_core_l2_bytes(caches: Sequence[dict[str, Any]] | None = None) -> int | None:
+    """The size of one L2 instance (unified or data) as Linux reports CPU 0's caches."""
+    return cache_bytes(2, caches)
 
 
 def l2_prefix_tokens(
