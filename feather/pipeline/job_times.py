@@ -179,17 +179,22 @@ def measure_jobs(log_text: str) -> list[JobTime]:
 
 def measure(log_text: str) -> dict[str, list[float]]:
     """Seconds per finished job, grouped by key (`measure_jobs`)."""
+    return seconds_by_key(measure_jobs(log_text))
+
+
+def seconds_by_key(jobs: list[JobTime]) -> dict[str, list[float]]:
     times: dict[str, list[float]] = defaultdict(list)
-    for one in measure_jobs(log_text):
+    for one in jobs:
         times[one.key].append(one.seconds)
     return dict(times)
 
 
 def provided_cores(log_text: str) -> int | None:
     """The cores the run was given (`Provided cores: N`)."""
-    found = next((_CORES.match(line) for line in log_text.splitlines() if _CORES.match(line)),
-                 None)
-    return int(found.group(1)) if found else None
+    for line in log_text.splitlines():
+        if found := _CORES.match(line):
+            return int(found.group(1))
+    return None
 
 
 def shortest_run(jobs: list[JobTime], cores: int) -> dict[str, Any]:
@@ -267,15 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "show":
         print(show_table())
     else:
-        times = measure(args.log.read_text(errors="replace"))
-        if not times:
+        log_text = args.log.read_text(errors="replace")
+        jobs = measure_jobs(log_text)
+        if not jobs:
             print(f"{args.log}: no finished jobs with timestamps found", file=sys.stderr)
             return 1
-        print(measure_table(times))
-        cores = provided_cores(args.log.read_text(errors="replace"))
-        if cores:
-            print("\n" + shortest_run_text(shortest_run(measure_jobs(
-                args.log.read_text(errors="replace")), cores)))
+        print(measure_table(seconds_by_key(jobs)))
+        if cores := provided_cores(log_text):
+            print("\n" + shortest_run_text(shortest_run(jobs, cores)))
     return 0
 
 
