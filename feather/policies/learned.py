@@ -367,12 +367,17 @@ class FeatherLearningPolicy(FeatherPolicy):
                 return None
         if self.wait_budget is not None:
             held = min(state.waiting, state.max_running - state.batch_size)
-            hold = self.explore_hold_steps or self.reward_horizon
-            if not self.wait_budget.ask(held, hold * step_time_s):
+            if not self.wait_budget.ask(held, self._explore_hold * step_time_s):
                 if self.budget is not None:
                     self.budget.refund(cost)
                 return None
         return cost
+
+    @property
+    def _explore_hold(self) -> int:
+        """The steps an exploratory STOP holds (at most): the window the exploration gates
+        look back over."""
+        return self.explore_hold_steps or self.reward_horizon
 
     def _backlogged(self, state: DecisionState) -> bool:
         """Requests queue anyway: the waiting ones do not all fit beside the running batch,
@@ -383,8 +388,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         oldest = self.cht.oldest()
         if oldest is None or oldest not in self._arrived_step:
             return False
-        hold = self.explore_hold_steps or self.reward_horizon
-        return self._step - self._arrived_step[oldest] >= hold
+        return self._step - self._arrived_step[oldest] >= self._explore_hold
 
     def _pool_bounds(self) -> bool:
         """The engine's KV pool, not the policy, bounds the batch (`explore_pool_bound`): it
@@ -397,8 +401,7 @@ class FeatherLearningPolicy(FeatherPolicy):
         changed, cost a round: 0.944x FCFS on tight-KV tiny groups (docs/stop.md, "Exploring
         from scratch"). A preempted request waits again, so under preemption the backlog gate
         passes, and a STOP held on its return ran the pool's tail later (0.964x)."""
-        hold = self.explore_hold_steps or self.reward_horizon
-        return self._step - self._pool_bound_step <= hold
+        return self._step - self._pool_bound_step <= self._explore_hold
 
     def _on_refused(self, req_id: RequestId) -> None:
         super()._on_refused(req_id)
