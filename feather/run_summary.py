@@ -133,6 +133,11 @@ class RunSummary:
     oracle: dict[str, Any] | None = None
     policy_scope_warning: str | None = None  # a frozen table run outside its training
 
+    # ---- the real engines: how the run was measured (feather/measuring/protocol.py): its
+    # repeat, the order of the arms in it, what else ran, the probes, whether it was disturbed
+    # and the attempts it replaced; the simulator's numbers are not measured
+    measurement: dict[str, Any] | None = None
+
     # ---- every producer now; None in summaries written before NVML sampling ------------------
     # a run with nothing to sample records why (`available: false`), never fake zeros
     nvml: dict[str, Any] | None = None

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from measuring_fakes import activity, quiet_protocol
 
 from feather.engines.runs import EngineRun, engine_runs
 from feather.engines.session import run_all
@@ -46,24 +47,51 @@ def _runs(repeats: int = 2) -> list[EngineRun]:
     return engine_runs(["fcfs", "feather-static"], seed=0, repeats=repeats)
 
 
-def test_one_session_serves_every_run_in_order_each_in_its_directory(tmp_path: Path) -> None:
+def test_one_session_serves_every_run_interleaved_and_rotated_each_in_its_directory(
+        tmp_path: Path) -> None:
     EVENTS.clear()
     runs = _runs()
     done = run_all([(RecordingSession("vllm"), runs)], None, out=tmp_path, run_prefix="w__",
-                   total=len(runs), say=lambda m: None)
-    # interleaved repeats, as engine_runs orders them: drift hits every scheduler alike
-    assert EVENTS == ["vllm:fcfs:r0", "vllm:feather-static:r0", "vllm:fcfs:r1",
-                      "vllm:feather-static:r1", "close vllm"]
+                   total=len(runs), say=lambda m: None, protocol=quiet_protocol())
+    # every scheduler within each repeat, the order rotated: no arm always runs first
+    assert EVENTS == ["vllm:fcfs:r0", "vllm:feather-static:r0", "vllm:feather-static:r1",
+                      "vllm:fcfs:r1", "close vllm"]
     assert [d.name for _, _, d in done] == ["w__fcfs__r0", "w__feather-static__r0",
-                                            "w__fcfs__r1", "w__feather-static__r1"]
+                                            "w__feather-static__r1", "w__fcfs__r1"]
     assert all((d / "summary.json").exists() for _, _, d in done)
     assert [s["output_tok_s"] for _, s, _ in done] == [10.0, 10.0, 11.0, 11.0]
+    records = [s["measurement"] for _, s, _ in done]
+    assert [(r["repeat"], r["position"], r["order"]) for r in records] == [
+        (0, 0, ["fcfs", "feather-static"]), (0, 1, ["fcfs", "feather-static"]),
+        (1, 0, ["feather-static", "fcfs"]), (1, 1, ["feather-static", "fcfs"])]
+    assert {r["job"] for r in records} == {f"{tmp_path}/w__"}
+    assert not any(r["disturbed"] or r["discarded"] for r in records)
+
+
+def test_a_repeat_on_a_busy_machine_is_taken_again_and_the_discarded_values_are_kept(
+        tmp_path: Path) -> None:
+    EVENTS.clear()
+    runs = _runs()
+    # repeat 0's second arm ran beside a process that took a whole core: the repeat (both
+    # arms, same order) runs again; the retake is quiet
+    busy = [activity(), activity(others_cores=1.0)]
+    done = run_all([(RecordingSession("vllm"), runs)], None, out=tmp_path, run_prefix="",
+                   total=len(runs), say=lambda m: None, protocol=quiet_protocol(busy))
+    assert EVENTS == ["vllm:fcfs:r0", "vllm:feather-static:r0", "vllm:fcfs:r0",
+                      "vllm:feather-static:r0", "vllm:feather-static:r1", "vllm:fcfs:r1",
+                      "close vllm"]
+    first = done[0][1]["measurement"]
+    assert first["attempts"] == 2 and first["attempt"] == 1 and first["disturbed"] is None
+    (discarded,) = first["discarded"]
+    assert discarded["value"]["output_tok_s"] == 10.0
+    assert "other processes used 100% of a core" in discarded["disturbed"]
+    assert len(done) == 4
 
 
 def test_a_lone_run_without_a_prefix_writes_into_out_itself(tmp_path: Path) -> None:
     (run,) = engine_runs(["fcfs"], seed=0, repeats=1)
     done = run_all([(RecordingSession("vllm"), [run])], None, out=tmp_path / "x", run_prefix="",
-                   total=1, say=lambda m: None)
+                   total=1, say=lambda m: None, protocol=quiet_protocol())
     assert done[0][2] == tmp_path / "x" and (tmp_path / "x" / "summary.json").exists()
 
 
@@ -78,7 +106,8 @@ def test_a_failed_run_closes_its_session_and_starts_no_other(tmp_path: Path) -> 
         yield RecordingSession("b"), runs[1:]
 
     with pytest.raises(RuntimeError, match="fcfs failed"):
-        run_all(groups(), None, out=tmp_path, run_prefix="", total=2, say=lambda m: None)
+        run_all(groups(), None, out=tmp_path, run_prefix="", total=2, say=lambda m: None,
+                protocol=quiet_protocol())
     assert EVENTS == ["start a", "a:fcfs:r0", "close a"]
     assert not any(tmp_path.iterdir())
 
@@ -114,11 +143,12 @@ def test_sglang_starts_one_engine_per_scheduler_and_closes_it_first(tmp_path, mo
     workload = SimpleNamespace(requests=[SimpleNamespace(prompt_len=1000, output_len=10)])
     setup = sglang.SGLangSetup(model="tiny-llama")
     groups = sglang.sessions(setup, runs, workload, say=lambda m: None)
-    run_all(groups, workload, out=tmp_path, run_prefix="", total=len(runs), say=lambda m: None)
+    run_all(groups, workload, out=tmp_path, run_prefix="", total=len(runs), say=lambda m: None,
+            protocol=quiet_protocol())
     assert EVENTS == [
         "start fcfs in tmp", "run fcfs:r0", "run fcfs:r1", "close",
         "start feather-static in tmp", "run feather-static:r0", "run feather-static:r1", "close",
-    ]
+    ]  # one scheduler per engine start: SGLang's policy is a launch option
     assert [(spec, label, repeat) for spec, label, repeat, _ in built] == [
         ("w.parquet", "fcfs", 0), ("w.parquet", "fcfs", 1),
         ("w.parquet", "feather-static", 0), ("w.parquet", "feather-static", 1),

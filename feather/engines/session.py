@@ -6,10 +6,12 @@ option), and a session turns a run into a result that writes its own run directo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from feather.engines.runs import EngineRun
+from feather.measuring.protocol import MeasuringProtocol, RepeatOutcome
 
 
 class RunOutput(Protocol):
@@ -49,23 +51,55 @@ def run_all(
     run_prefix: str,
     total: int,
     say: Callable[[str], None],
+    protocol: Callable[[str], MeasuringProtocol] | None = None,
 ) -> list[tuple[EngineRun, dict[str, Any], Path]]:
-    """Every run of every session, each written as soon as it ends; each session closed
-    after its runs, also when one fails. Returns (run, summary, directory) in run order."""
+    """Every run of every session under the measurement protocol (feather/measuring): a
+    session's schedulers are the arms, interleaved within each repeat and rotated from repeat
+    to repeat, each repeat watched and taken again where the machine was busy; each run is
+    written as soon as its repeat is kept, with the protocol's record in its summary's
+    `measurement`. Each session is closed after its runs, also when one fails. Returns
+    (run, summary, directory) in the order the runs were kept. `protocol(job)` makes the
+    protocol (tests give one with fixed probes)."""
+    make = protocol or (lambda job: MeasuringProtocol(
+        job, label=lambda run: run.scheduler, describe=raw_numbers, say=say))
     finished: list[tuple[EngineRun, dict[str, Any], Path]] = []
+    job = f"{Path(out)}/{run_prefix}"
     for session, runs in groups:
-        try:
-            for run in runs:
+        arms = list({run.scheduler: run for run in runs}.values())
+        repeats = {arm.scheduler: sorted(r.repeat for r in runs if r.scheduler == arm.scheduler)
+                   for arm in arms}
+        first, count = min(r[0] for r in repeats.values()), max(len(r) for r in repeats.values())
+        if any(r != list(range(first, first + count)) for r in repeats.values()):
+            raise ValueError(f"{job}: every scheduler must run the same repeats, got {repeats}")
+
+        def measure(arm: EngineRun, repeat: int, session: EngineSession = session) -> RunOutput:
+            return session.run(replace(arm, repeat=repeat), workload)
+
+        def keep(outcome: RepeatOutcome[EngineRun, RunOutput]) -> None:
+            for arm, result, record in zip(outcome.order, outcome.values, outcome.records,
+                                           strict=True):
+                run = replace(arm, repeat=outcome.repeat)
                 target = run_dir(out, run_prefix, run, single=total == 1)
-                result = session.run(run, workload)
+                result.summary["measurement"] = record
                 result.write(target)
                 finished.append((run, result.summary, target))
                 summary = result.summary
                 say(
                     f"run {len(finished)}/{total}: {run.scheduler} r{run.repeat}: "
                     f"{summary['output_tok_s']:,.1f} output tok/s, prefix-cache hit "
-                    f"{summary.get('prefix_cache_hit_rate', float('nan')):.2f} -> {target}"
+                    f"{summary.get('prefix_cache_hit_rate', float('nan')):.2f}"
+                    + (f" (disturbed: {record['disturbed']})" if record["disturbed"] else "")
+                    + f" -> {target}"
                 )
+
+        try:
+            make(job).run(arms, count, measure, keep, first_repeat=first)
         finally:
             session.close()
     return finished
+
+
+def raw_numbers(result: RunOutput) -> dict[str, Any]:
+    """What a discarded attempt keeps of its run: the numbers the claims compare."""
+    return {key: result.summary.get(key)
+            for key in ("output_tok_s", "decode_only_tok_s", "makespan_s", "wall_s")}

@@ -1,0 +1,133 @@
+"""The measurement protocol (feather/measuring): the median's interval against brute force,
+the rotated order, retakes of disturbed repeats and their bounds, the page's flag, and the
+/proc accounting that tells our process tree from everyone else's."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from measuring_fakes import ScriptedWatch, activity
+
+from feather.measuring.order import rotated, schedule
+from feather.measuring.protocol import MeasuringProtocol, unstable_flag
+from feather.measuring.quiet import QuietBounds, Watch
+from feather.measuring.stats import coverage, interval_rank, median_interval, paired_ratios
+
+
+def brute_coverage(n: int, k: int) -> float:
+    """Each value falls below the median with probability 1/2: the interval [x_(k),
+    x_(n+1-k)] holds the median exactly when at least k fall below it and k above it."""
+    hits = sum(1 for signs in itertools.product((0, 1), repeat=n)
+               if sum(signs) >= k and n - sum(signs) >= k)
+    return hits / 2**n
+
+
+@given(st.integers(1, 14), st.data())
+@settings(max_examples=80, deadline=None)
+def test_the_intervals_coverage_is_the_binomial_one(n: int, data: st.DataObject) -> None:
+    k = data.draw(st.integers(1, (n + 1) // 2))
+    assert math.isclose(coverage(n, k), brute_coverage(n, k))
+
+
+@given(st.lists(st.floats(0.1, 1e4), min_size=1, max_size=40))
+@settings(max_examples=100, deadline=None)
+def test_the_interval_holds_the_median_at_the_widest_rank_that_covers_95(values) -> None:
+    iv = median_interval(values)
+    data = sorted(values)
+    assert iv.low <= iv.median <= iv.high and iv.n == len(values)
+    k = interval_rank(len(values))
+    assert (iv.low, iv.high) == (data[k - 1], data[len(data) - k])
+    if len(values) >= 6:  # enough values for a 95% interval: the next rank in would not be
+        assert iv.coverage >= 0.95
+        if k + 1 <= (len(values) + 1) // 2:
+            assert coverage(len(values), k + 1) < 0.95
+
+
+def test_five_repeats_give_the_range_with_its_coverage_said() -> None:
+    iv = median_interval([1.2, 1.4, 1.3, 1.5, 1.1])
+    assert (iv.low, iv.median, iv.high) == (1.1, 1.3, 1.5)
+    assert iv.coverage == pytest.approx(1 - 2 / 32)
+    assert iv.text() == "1.30x [1.10-1.50], n=5, 94% coverage"
+    assert median_interval([]) is None
+    assert paired_ratios({0: 2.0, 1: 3.0, 2: 1.0}, {0: 1.0, 1: 2.0}) == [2.0, 1.5]
+
+
+def test_arms_rotate_from_repeat_to_repeat() -> None:
+    assert rotated("abc", 0) == list("abc") and rotated("abc", 4) == list("bca")
+    order = schedule("ab", 3)
+    assert order == [(0, "a"), (0, "b"), (1, "b"), (1, "a"), (2, "a"), (2, "b")]
+
+
+def _protocol(script, **bounds) -> tuple[MeasuringProtocol, list[tuple[str, int]]]:
+    calls: list[tuple[str, int]] = []
+    protocol = MeasuringProtocol("job", watch=ScriptedWatch(script), probe_fn=lambda: 0.015,
+                                 bounds=QuietBounds(**bounds), describe=lambda v: {"v": v})
+    return protocol, calls
+
+
+def test_a_repeat_that_stays_busy_is_retaken_at_most_twice_then_flagged() -> None:
+    busy = [activity(others_cores=1.0)] * 100
+    protocol, calls = _protocol(busy)
+
+    def measure(arm, repeat):
+        calls.append((arm, repeat))
+        return len(calls)
+
+    outcomes = protocol.run(["a", "b"], 2, measure)
+    # 3 attempts of repeat 0 (two retakes), then the job's budget (1 x 2 repeats) is spent
+    assert calls == [("a", 0), ("b", 0)] * 3 + [("b", 1), ("a", 1)]
+    assert [o.attempts for o in outcomes] == [3, 1]
+    assert all(o.disturbed for o in outcomes)
+    records = [r for o in outcomes for r in o.records]
+    assert len(records[0]["discarded"]) == 2
+    assert unstable_flag(records) == (
+        "unstable: another process used 100% of a core during 2 of 2 repeats (our threads "
+        "waited for a core up to 0% of the time)")
+
+
+def test_a_neighbour_the_job_leaves_a_core_to_is_not_a_disturbance() -> None:
+    beside = [activity(others_cores=1.0, neighbour_cores=1.0)] * 4
+    protocol, _ = _protocol(beside)
+    outcomes = protocol.run(["a", "b"], 2, lambda arm, repeat: 0.0)
+    assert [o.attempts for o in outcomes] == [1, 1]
+    assert unstable_flag([r for o in outcomes for r in o.records]) is None
+    waited = [activity(wait_share=0.3, neighbour_cores=1.0)]
+    protocol, _ = _protocol(waited)
+    (outcome,) = protocol.run(["a"], 1, lambda arm, repeat: 0.0)
+    assert outcome.attempts == 2  # our own threads waited for a core: oversubscribed
+
+
+def test_a_probe_that_moves_during_a_repeat_retakes_it() -> None:
+    probes = iter([0.010, 0.010, 0.010,  # the job's reference
+                   0.010, 0.016,  # repeat 0: +60% between before and after
+                   0.010, 0.010])  # its retake
+    protocol = MeasuringProtocol("job", watch=ScriptedWatch(), probe_fn=lambda: next(probes))
+    (outcome,) = protocol.run(["a"], 1, lambda arm, repeat: 1.0)
+    assert outcome.attempts == 2 and outcome.disturbed is None
+    assert "probe moved 60%" in outcome.records[0]["discarded"][0]["disturbed"]
+
+
+def test_proc_accounting_tells_our_children_from_other_processes() -> None:
+    """A busy child of ours is our CPU time; a busy process outside our tree is others'."""
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"
+    watch = Watch(neighbour_cores=0.0)
+    started = watch.start()
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    ours = watch.stop(started)
+    assert ours.own_cpu_s >= 1.0
+    # an orphan: its parent (the shell) exits at once, so it is no longer in our tree
+    subprocess.run(["bash", "-c", f"(timeout 3 {sys.executable} -c '{spin}' &)"], check=True)
+    time.sleep(0.2)
+    started = watch.start()
+    time.sleep(1.0)
+    theirs = watch.stop(started)
+    assert theirs.others_cores >= 0.7 and theirs.own_cpu_s < 0.3
+    assert theirs.disturbed(QuietBounds()) is not None
+    time.sleep(0.5)
