@@ -17,11 +17,14 @@ from typing import Any
 
 import pandas as pd
 
+from feather.measuring.stats import Interval, median_interval
 from feather.pipeline.job_status import failed
 
 REPRODUCED, PARTLY, NOT_REPRODUCED, UNTESTABLE = (
     "reproduced", "partly reproduced", "not reproduced", "not testable here",
 )
+# a real source whose interval spans a bar: the repeats cannot tell which side it is on
+INCONCLUSIVE = "inconclusive"
 # a "holds" row (not a paper claim: the STOP mechanism, online load) uses these two
 HOLDS, DOES_NOT_HOLD = "holds", "does not hold"
 
@@ -76,18 +79,96 @@ def grade_no_worse(value: float | None, full: float, some: float) -> str:
     return REPRODUCED if value >= full else PARTLY if value >= some else NOT_REPRODUCED
 
 
+def grade_interval(interval: Interval | None, scale: Scale) -> str:
+    """`grade` for a real source's repeats: a grade only where the whole interval lies on one
+    side of each of its bars (reproduced: the lower end clears half the paper's effect; not
+    reproduced: the interval excludes any effect beyond noise; partly: wholly between),
+    else "inconclusive (interval a-b spans the bar B)"."""
+    if interval is None:
+        return UNTESTABLE
+    sign = 1 if scale.higher_is_better else -1
+    noise = scale.none + sign * NOISE * max(abs(scale.none), 1.0)
+    worst, best = (interval.low, interval.high) if sign > 0 else (interval.high, interval.low)
+    if grade(worst, scale) == grade(best, scale):
+        return grade(worst, scale)
+    bar = scale.half if grade(best, scale) == REPRODUCED and grade(worst, scale) != REPRODUCED \
+        else noise
+    return inconclusive(interval, bar)
+
+
+def grade_interval_no_worse(interval: Interval | None, full: float, some: float) -> str:
+    """`grade_no_worse` for a real source's repeats: decided where the interval lies between
+    two bars, else inconclusive."""
+    if interval is None:
+        return UNTESTABLE
+    low, high = (grade_no_worse(interval.low, full, some),
+                 grade_no_worse(interval.high, full, some))
+    if low == high:
+        return low
+    return inconclusive(interval, full if high == REPRODUCED else some)
+
+
+def holds_interval(interval: Interval | None, bar: float) -> str:
+    """A mechanism's row (HOLDS where the ratio must reach `bar`): holds where the interval's
+    lower end reaches it, does not where its upper end stays below, else inconclusive."""
+    if interval is None:
+        return UNTESTABLE
+    if interval.low >= bar:
+        return HOLDS
+    if interval.high < bar:
+        return DOES_NOT_HOLD
+    return inconclusive(interval, bar)
+
+
+def inconclusive(interval: Interval, bar: float) -> str:
+    return (f"{INCONCLUSIVE} (interval {interval.low:.2f}-{interval.high:.2f} spans the bar "
+            f"{bar:.2f})")
+
+
+def is_inconclusive(grade_text: str) -> bool:
+    return grade_text.startswith(INCONCLUSIVE)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One number a source's grade rests on: a real source's median with its interval over
+    repeats, or a simulator's point value (deterministic: no interval); what `feather verdicts
+    diff` compares between two runs."""
+
+    name: str
+    interval: Interval | None = None
+    value: float | None = None
+
+    @property
+    def median(self) -> float | None:
+        return self.interval.median if self.interval is not None else self.value
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "value": self.value,
+                "interval": self.interval.to_json() if self.interval else None}
+
+
 @dataclass(frozen=True)
 class SourceGrade:
     """One source's measurement of a claim: what ran (`where`), in which regime, the measure
-    in a short line, and its grade (UNTESTABLE: it ran, but in no plausible regime)."""
+    in a short line, and its grade (UNTESTABLE: it ran, but in no plausible regime). A real
+    source gives its `measures` as intervals over repeats and, where repeats could not be
+    taken quietly, its `flag` ("unstable: ...")."""
 
     source: str
     where: str
     text: str
     grade: str
+    measures: tuple[Measure, ...] = ()
+    flag: str | None = None
 
     def line(self) -> str:
-        return f"{self.source} ({self.where}): {self.text} - **{self.grade}**"
+        flag = f" - {self.flag}" if self.flag else ""
+        return f"{self.source} ({self.where}): {self.text}{flag} - **{self.grade}**"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "where": self.where, "grade": self.grade,
+                "flag": self.flag, "measures": [m.to_json() for m in self.measures]}
 
 
 @dataclass(frozen=True)
@@ -211,6 +292,81 @@ def median_range(values: pd.Series) -> str:
 
 def plain(value: float | None) -> str:
     return "n/a" if value is None or pd.isna(value) else f"{value:.2f}"
+
+
+# ---- a real source's repeats: paired within a repeat, quiet ones graded ----
+
+
+def job_repeats(runs: pd.DataFrame, metric: str = "output_tok_s") -> pd.DataFrame:
+    """One row per measured repeat of a real job, one column per arm (scheduler label):
+    arms paired within their repeat. Index: (job, repeat), the job being the measurement
+    protocol's (feather/measuring) or, for runs recorded before it, the run directory's
+    prefix."""
+    if runs.empty:
+        return pd.DataFrame()
+    keyed = runs.assign(_job=measure_jobs(runs))
+    return keyed.pivot_table(index=["_job", "repeat"], columns="scheduler", values=metric,
+                             aggfunc="median")
+
+
+def measure_jobs(runs: pd.DataFrame) -> pd.Series:
+    """Each run's measuring job: the protocol's record, else its directory's prefix."""
+    if "measure_job" in runs:
+        recorded = runs["measure_job"]
+    else:
+        recorded = pd.Series(None, index=runs.index, dtype=object)
+    fallback = [f"{Path(str(p)).parent.parent}/{str(r)[: len(str(r)) - len(f'{s}__r{k}')]}"
+                for p, r, s, k in zip(runs.get("summary_path", runs["run"]), runs["run"],
+                                      runs["scheduler"], runs["repeat"], strict=True)]
+    return recorded.where(recorded.notna(), pd.Series(fallback, index=runs.index))
+
+
+def quiet_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of the repeats the protocol kept quiet (every run of a repeat goes if one arm
+    of it was disturbed: its pairs are no longer like for like)."""
+    if "measure_disturbed" not in runs:
+        return runs
+    jobs = measure_jobs(runs)
+    bad = {(j, r) for j, r, d in zip(jobs, runs["repeat"], runs["measure_disturbed"],
+                                     strict=True) if isinstance(d, str) and d}
+    keep = [(j, r) not in bad for j, r in zip(jobs, runs["repeat"], strict=True)]
+    return runs[keep]
+
+
+def paired_interval(runs: pd.DataFrame, arm: str, baseline: str,
+                    metric: str = "output_tok_s") -> Interval | None:
+    """arm / baseline paired within each quiet repeat (every job of `runs` pooled): the
+    median ratio and its interval."""
+    table = job_repeats(quiet_runs(runs), metric)
+    if table.empty or arm not in table or baseline not in table:
+        return None
+    pairs = table[[arm, baseline]].dropna()
+    return median_interval(pairs[arm] / pairs[baseline])
+
+
+def best_of_intervals(runs: pd.DataFrame, arms: list[str], baseline: str,
+                      metric: str = "output_tok_s") -> tuple[str | None, Interval | None]:
+    """The arm whose paired ratio to `baseline` has the highest median, and that interval."""
+    found = [(a, paired_interval(runs, a, baseline, metric)) for a in arms]
+    found = [(a, iv) for a, iv in found if iv is not None]
+    return max(found, key=lambda f: f[1].median) if found else (None, None)
+
+
+def unstable_text(runs: pd.DataFrame) -> str | None:
+    """The page's flag for a real source: None where every repeat was quiet, else
+    "unstable: another process used N% of a core during k of n repeats"."""
+    if runs.empty or "measure_disturbed" not in runs:
+        return None
+    keyed = runs.assign(_job=measure_jobs(runs))
+    repeats = keyed.groupby(["_job", "repeat"])
+    disturbed = repeats.measure_disturbed.apply(
+        lambda d: any(isinstance(x, str) and x for x in d))
+    if not disturbed.any():
+        return None
+    busy = keyed.set_index(["_job", "repeat"]).loc[disturbed[disturbed].index]
+    cores = busy.get("measure_others_cores", pd.Series([float("nan")])).max()
+    return (f"unstable: another process used {cores:.0%} of a core during "
+            f"{int(disturbed.sum())} of {len(disturbed)} repeats (those repeats not graded)")
 
 
 # ---- the plausible regime ----

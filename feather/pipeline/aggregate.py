@@ -98,6 +98,22 @@ def _environment_columns(provenance: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _measurement_columns(record: dict[str, Any] | None) -> dict[str, Any]:
+    """How a real run was measured (feather/measuring): its job, attempt and what else ran;
+    empty for the simulator and for runs recorded before the protocol."""
+    record = record or {}
+    activity = record.get("activity") or {}
+    return {
+        "measure_job": record.get("job"),
+        "measure_position": record.get("position"),
+        "measure_attempts": record.get("attempts"),
+        "measure_disturbed": record.get("disturbed"),
+        "measure_others_cores": activity.get("others_cores"),
+        "measure_wait_share": activity.get("wait_share"),
+        "measure_probe_s": record.get("probe_after_s"),
+    }
+
+
 def run_label(run_dir: Path) -> str | None:
     """The scheduler's label a simulated run's spec.json gives (None: no spec, as for real
     engine runs, whose summaries carry their label)."""
@@ -186,6 +202,7 @@ def summary_row(path: Path) -> dict[str, Any] | None:
         "sched_cpu_s_measured": summary.sched_cpu_s_measured,
         "fraction_of_oracle": summary.fraction_of_oracle,
         "wall_s": summary.wall_s,
+        **_measurement_columns(summary.measurement),
         **_nvml_columns(summary.nvml),
         "git_revision": provenance["git"].get("revision"),
         "git_dirty": provenance["git"].get("dirty"),

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from feather.atomic import write_text_atomic
+from feather.atomic import write_json_atomic, write_text_atomic
 from feather.claims import CLAIMS, load_reports
 from feather.claims.base import (
     NOISE,
@@ -141,6 +141,17 @@ def evidence_from(
                     tuple(Path(p) for p in online_files), load_reports(rl_reports))
 
 
+VERDICTS_FORMAT = "feather-verdicts/1"
+
+
+def verdicts_document(rows: Iterable[Verdict], revision: str) -> dict[str, Any]:
+    """The page's rows as data (`results/verdicts.json`): what `feather verdicts diff`
+    compares between two runs."""
+    return {"format": VERDICTS_FORMAT, "git_revision": revision, "rows": [
+        {"claim": v.claim, "verdict": v.headline, "graded_by": v.graded_by,
+         "grades": [g.to_json() for g in v.grades], "notes": list(v.notes)} for v in rows]}
+
+
 def write_verdicts(
     table_path: str | Path,
     out: str | Path,
@@ -151,14 +162,17 @@ def write_verdicts(
     not_planned: Iterable[str] = (),
     guarded: Iterable[str | Path] = (),
     rl_reports: Iterable[str | Path] = (),
+    json_out: str | Path | None = None,
 ) -> list[Verdict]:
     """not_planned: what the configuration asked for and this run did not plan, with why;
     guarded: the outputs where a job that failed on this machine left its record
-    (feather/pipeline/job_status.py)."""
+    (feather/pipeline/job_status.py); json_out: the rows as data as well."""
     evidence = evidence_from(table_path, overhead_dir, kernel_files, fidelity_path,
                              online_files, rl_reports)
     failed_jobs = failures(guarded)
     rows = with_failures(verdicts(evidence), failed_jobs)
     revision = ", ".join(map(str, evidence.table["git_revision"].dropna().unique())) or "unknown"
     write_text_atomic(out, markdown(rows, revision, failed_jobs, not_planned))
+    if json_out is not None:
+        write_json_atomic(json_out, verdicts_document(rows, revision))
     return rows

@@ -94,7 +94,8 @@ rule verdicts:
         online=[f"{job.out_dir}/online.json" for job in ONLINE_JOBS],
         reports=rl_reports(),
     output:
-        "figures/verdicts.md",
+        page="figures/verdicts.md",
+        data="results/verdicts.json",  # the rows as data: feather verdicts diff
     params:
         overhead_dir=lambda wc, input: str(Path(input.overhead[0]).parent) if input.overhead else None,
         kernel_files=lambda wc, input: list(input.kernels),
@@ -109,7 +110,7 @@ rule verdicts:
         from feather.pipeline.verdicts import write_verdicts
 
         with logged_to(log[0]):  # params are write_verdicts' keyword arguments
-            write_verdicts(input.table, output[0], **params)
+            write_verdicts(input.table, output.page, json_out=output.data, **params)
 
 
 rule jobs_check:
