@@ -10,6 +10,7 @@ import pytest
 
 from feather.engines.vllm.learning import ENGINE_TRAIN_FORMAT, EngineTraining, run_training
 from feather.engines.vllm.runner import EngineSetup
+from feather.measuring.order import rotated
 from feather.policies import create_engine_policy
 
 SHAPE = ("synthetic:groups=3,per_group=4,prefix=512,suffix=16,output=8,order=shuffled,"
@@ -62,7 +63,19 @@ def test_the_frozen_table_loads_and_runs_held_out_beside_the_baselines(trained) 
         assert policy.frozen and policy.trained_on["regime"] == "small"
         evaluation = reports[learner]["evaluation"]
         assert evaluation["seeds"] == [9]
-        run = evaluation["runs"][0]
+        # the protocol's repeats: every scheduler in each, the order rotated per repeat
+        runs = evaluation["runs"]
+        assert [(r["seed"], r["repeat"]) for r in runs] == [(9, 0), (9, 1), (9, 2)]
+        arms = runs[0]["measurement"]["order"]
+        assert len(arms) == 5 and f"{learner} (frozen)" in arms
+        assert [r["measurement"]["order"] for r in runs] == [rotated(arms, k) for k in range(3)]
+        assert all(r["measurement"]["repeat"] == r["repeat"] for r in runs)
+        # the ratios' interval over the quiet repeats only (none where every one was busy)
+        quiet = sum(1 for r in runs if not r["disturbed"])
+        interval = evaluation["per_workload"][SHAPE].get("ratio_to_fcfs")
+        assert (interval or {}).get("n", 0) == quiet
+        assert not interval or interval["low"] <= interval["median"] <= interval["high"]
+        run = runs[0]
         assert set(run["baselines_tok_s"]) == {"fcfs", "feather-nostop", "feather-static"}
         assert run["learned_tok_s"] > 0
         assert run["ratio_to_fcfs"] == pytest.approx(

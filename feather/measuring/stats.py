@@ -51,10 +51,11 @@ class Interval:
     method: str = METHOD
 
     def text(self, digits: int = 2, unit: str = "x") -> str:
-        """`1.38x [1.35-1.41], n=5` (coverage shown where it is not the nominal 95%)."""
+        """`1.38x [1.35-1.41] (n=9)`; the coverage shown where it is not the nominal 95%:
+        `1.38x [1.31-1.45] (n=5, 94% coverage)`."""
         shown = "" if self.coverage >= CONFIDENCE else f", {self.coverage:.0%} coverage"
         return (f"{self.median:.{digits}f}{unit} [{self.low:.{digits}f}-{self.high:.{digits}f}]"
-                f", n={self.n}{shown}")
+                f" (n={self.n}{shown})")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -449,7 +449,7 @@ def engine_training_jobs(
     """The `engine_training` section's jobs that run here: results/<hw>/<engine>/<experiment>
     -> {regime: its spec (feather/engines/vllm/learning.py EngineTraining)}; where the engine
     does not run here, the reason goes to `experiment.skipped`."""
-    from feather.engines.vllm.learning import BASELINES, ENGINE_TRAIN_FORMAT
+    from feather.engines.vllm.learning import BASELINES, ENGINE_TRAIN_FORMAT, EVAL_REPEATS
     from feather.models import model_names
     from feather.policies import UnknownSchedulerError, resolve_scheduler
 
@@ -501,6 +501,7 @@ def engine_training_jobs(
             "eval_seeds": list(section["eval_seeds"]),
             "params": {k: v for k, v in (section.get("params") or {}).items()},
             "baselines": list(BASELINES),
+            "eval_repeats": int(section.get("eval_repeats", EVAL_REPEATS)),
         }
     return {f"results/{engine_hosts[engine]}/{engine}/{experiment.name}": specs}
 

