@@ -12,6 +12,7 @@ import pytest
 
 from feather.claims import base as b
 from feather.claims import c1, c2, c5, c6, c7, overhead, stop
+from feather.measuring.stats import Interval as MeasureInterval
 from feather.pipeline import verdicts as v
 
 
@@ -533,3 +534,63 @@ def test_the_report_labels_a_figure_of_its_own_rule_from_its_own_tables(tmp_path
     assert figure_ours("c1_homogeneous_vs_mixed", outputs) == "1.7x"
     assert figure_ours("fidelity", outputs) == "the fidelity table was not made in this run"
     assert figure_ours("kernels", outputs) == "no kernel results"
+
+
+# ---- grades from intervals (issue 52 item 3) ----
+
+
+def test_a_real_interval_that_spans_a_bar_is_inconclusive_and_says_which() -> None:
+    scale = b.Scale(none=1.0, half=1.5)
+    iv = MeasureInterval(1.45, 1.40, 1.62, 5, 0.9375)
+    assert b.grade_interval(iv, scale) == (
+        "inconclusive (interval 1.40-1.62 spans the bar 1.50)")
+    assert b.grade_interval(MeasureInterval(1.6, 1.55, 1.7, 5, 0.94), scale) == b.REPRODUCED
+    assert b.grade_interval(MeasureInterval(1.2, 1.1, 1.3, 5, 0.94), scale) == b.PARTLY
+    assert b.grade_interval(MeasureInterval(1.0, 0.98, 1.005, 5, 0.94), scale) == (
+        b.NOT_REPRODUCED)
+    assert b.grade_interval(MeasureInterval(1.01, 0.99, 1.2, 5, 0.94), scale).endswith(
+        "spans the bar 1.01)")
+    # lower is better (C2): the cut must stay below the bar at its worst (upper) end
+    assert b.grade_interval(MeasureInterval(0.6, 0.55, 0.7, 5, 0.94),
+                            b.Scale(none=1.0, half=0.67)).startswith(b.INCONCLUSIVE)
+    assert b.holds_interval(MeasureInterval(1.2, 1.12, 1.3, 5, 0.94), 1.1) == b.HOLDS
+    assert b.holds_interval(MeasureInterval(1.0, 0.95, 1.05, 5, 0.94), 1.1) == b.DOES_NOT_HOLD
+    assert b.grade_interval_no_worse(MeasureInterval(0.99, 0.97, 1.01, 5, 0.94), 0.99,
+                                     0.95).startswith(b.INCONCLUSIVE)
+
+
+def test_c1_on_the_real_engine_pairs_repeats_drops_disturbed_ones_and_flags_them() -> None:
+    rows = _c1_engine(163.0, 100.0, 126.0)
+    # repeat 1's larger mixed batch ran fast enough to pull its ratio across the 1.5x bar
+    for row in rows:
+        if row["repeat"] == 1 and row["scheduler"] == "mixed-32":
+            row.update(decode_only_tok_s=95.0, output_tok_s=95.0)
+    verdict = c1.verdict(_evidence(rows))
+    assert verdict.grades[0].grade.startswith(b.INCONCLUSIVE)
+    assert "/ mixed-32 1.29x [1.29-1.72] (n=3, 75% coverage)" in verdict.grades[0].text
+    # that repeat was taken on a busy machine: out of the interval, said on the line
+    for row in rows:
+        row["measure_disturbed"] = ("fcfs: other processes used 130% of a core"
+                                    if row["repeat"] == 1 else None)
+        row["measure_others_cores"] = 1.3 if row["repeat"] == 1 else 0.0
+    verdict = c1.verdict(_evidence(rows))
+    assert verdict.grades[0].grade == b.PARTLY
+    assert verdict.grades[0].flag == ("unstable: another process used 130% of a core during "
+                                      "1 of 3 repeats (those repeats not graded)")
+    assert "unstable: another process used 130%" in v.row_markdown(verdict)
+
+
+def test_arms_of_separate_engine_starts_get_the_wider_unpaired_interval() -> None:
+    rows = [_engine_row("c7", workload="w", scheduler=s, repeat=r, attention=a,
+                        output_tok_s=tok * (1 + 0.01 * r), measure_job=f"job-{a}")
+            for r in range(5) for s, a, tok in (("fcfs", "pat", 100.0),
+                                                ("feather-static", "vllm", 100.0))]
+    ours = pd.DataFrame(rows)
+    iv = b.ratio_interval(ours[ours.attention == "vllm"], ours[ours.attention == "pat"])
+    assert iv.method.startswith("unpaired")
+    assert iv.low == pytest.approx(1.0 / 1.04) and iv.high == pytest.approx(1.04)
+    assert iv.coverage == pytest.approx(2 * (1 - 2 / 32) - 1)
+    paired = [{**r, "measure_job": "one"} for r in rows]
+    iv = b.ratio_interval(pd.DataFrame(paired).query("attention == 'vllm'"),
+                          pd.DataFrame(paired).query("attention == 'pat'"))
+    assert (iv.low, iv.high) == (1.0, 1.0)  # paired within each repeat: the drift cancels

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from feather.measuring.stats import Interval, median_interval
+from feather.measuring.stats import Interval, median_interval, unpaired_ratio_interval
 from feather.pipeline.job_status import failed
 
 REPRODUCED, PARTLY, NOT_REPRODUCED, UNTESTABLE = (
@@ -335,13 +335,29 @@ def quiet_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 def paired_interval(runs: pd.DataFrame, arm: str, baseline: str,
                     metric: str = "output_tok_s") -> Interval | None:
-    """arm / baseline paired within each quiet repeat (every job of `runs` pooled): the
-    median ratio and its interval."""
-    table = job_repeats(quiet_runs(runs), metric)
-    if table.empty or arm not in table or baseline not in table:
+    """arm / baseline (scheduler labels) paired within each quiet repeat (every job of `runs`
+    pooled): the median ratio and its interval."""
+    return ratio_interval(runs[runs.scheduler == arm], runs[runs.scheduler == baseline],
+                          metric)
+
+
+def ratio_interval(arm: pd.DataFrame, baseline: pd.DataFrame,
+                   metric: str = "output_tok_s") -> Interval | None:
+    """The arm's runs over the baseline's, from their quiet repeats: paired within each repeat
+    where both ran in the same measuring jobs (interleaved in one engine start), else - arms
+    of separate engine starts - the unpaired ratio of medians with its wider interval."""
+    arm, baseline = quiet_runs(arm), quiet_runs(baseline)
+    arm, baseline = arm[arm[metric].notna()], baseline[baseline[metric].notna()]
+    if arm.empty or baseline.empty:
         return None
-    pairs = table[[arm, baseline]].dropna()
-    return median_interval(pairs[arm] / pairs[baseline])
+    top = pd.Series(arm[metric].to_numpy(), index=pd.MultiIndex.from_arrays(
+        [measure_jobs(arm), arm["repeat"]])).groupby(level=[0, 1]).median()
+    bottom = pd.Series(baseline[metric].to_numpy(), index=pd.MultiIndex.from_arrays(
+        [measure_jobs(baseline), baseline["repeat"]])).groupby(level=[0, 1]).median()
+    if set(top.index.get_level_values(0)) == set(bottom.index.get_level_values(0)):
+        both = top.index.intersection(bottom.index)
+        return median_interval(top[both] / bottom[both])
+    return unpaired_ratio_interval(top, bottom)
 
 
 def best_of_intervals(runs: pd.DataFrame, arms: list[str], baseline: str,

@@ -21,15 +21,19 @@ from feather.claims.base import (
     Claim,
     Evidence,
     FigureSpec,
+    Measure,
     Scale,
     SourceGrade,
     Verdict,
     grade,
+    grade_interval,
+    paired_interval,
     plain,
     real_source,
     simulated,
     sorted_grades,
     times,
+    unstable_text,
 )
 from feather.claims.data import group_size, with_params
 from feather.claims.plot import errorbars, grid, producers, save
@@ -117,8 +121,9 @@ def cpu_profile_ratios(table: pd.DataFrame) -> dict[tuple, float]:
 
 
 def engine_plans(table: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per real engine, model and workload: the homogeneous plan's median decode-only
-    throughput over each mixed plan's (with the repeats behind it)."""
+    """Per real engine, model and workload: the homogeneous plan's decode-only throughput
+    over each other plan's, paired within each quiet repeat (an interval, feather/measuring),
+    and the page's flag where repeats stayed disturbed."""
     if "decode_only_tok_s" not in table:
         return []
     runs = table[(table.experiment == "c1") & (table.engine != "sim")
@@ -132,15 +137,16 @@ def engine_plans(table: pd.DataFrame) -> list[dict[str, Any]]:
         homog = [k for k, r in plans.items() if r["plan"].iloc[0] == "homogeneous"]
         if not homog:
             continue
-        base = plans[homog[0]].decode_only_tok_s.median()
-        others = {label: (base / r.decode_only_tok_s.median(), r["plan"].iloc[0],
-                          int(r["size"].iloc[0]))
-                  for label, r in plans.items() if label != homog[0]}
+        others = {}
+        for label, r in plans.items():
+            interval = paired_interval(part, homog[0], label, "decode_only_tok_s")
+            if label != homog[0] and interval is not None:
+                others[label] = (interval, r["plan"].iloc[0], int(r["size"].iloc[0]))
         share = part.get("decode_only_attention_share")
         out.append({"engine": engine, "model": model, "workload": workload,
                     "source": real_source(part), "producer": producers(part),
                     "repeats": int(part.repeat.nunique()), "homogeneous": homog[0],
-                    "ratios": others,
+                    "ratios": others, "flag": unstable_text(part),
                     "attention_share": None if share is None or share.isna().all()
                     else float(share.median())})
     return out
@@ -158,13 +164,16 @@ def _engine_grades(table: pd.DataFrame) -> list[SourceGrade]:
         for label, (ratio, plan, size) in sorted(e["ratios"].items(), key=lambda kv: kv[1][2]):
             sim = predicted.get((e["model"], e["workload"], plan, size))
             guess = "" if sim is None else f" (cpu profile {times(sim)})"
-            parts.append(f"/ {label} {times(ratio)}{guess}")
+            parts.append(f"/ {label} {ratio.text()}{guess}")
         share = ("" if e["attention_share"] is None
                  else f"; attention {e['attention_share']:.0%} of a step")
         grades.append(SourceGrade(
-            e["source"], f"{e['producer']}, {e['model']}, {e['repeats']} repeats",
-            f"{e['homogeneous']} decode-only throughput " + ", ".join(parts) + share,
-            grade(mixed[largest][0], SCALE)))
+            e["source"], f"{e['producer']}, {e['model']}",
+            f"{e['homogeneous']} decode-only throughput, paired within {e['repeats']} "
+            "interleaved repeats: " + ", ".join(parts) + share,
+            grade_interval(mixed[largest][0], SCALE), flag=e["flag"],
+            measures=tuple(Measure(f"{e['model']} {e['homogeneous']} / {label}", interval=iv)
+                           for label, (iv, _, _) in e["ratios"].items())))
     return grades
 
 
@@ -222,7 +231,7 @@ def headline(evidence: Evidence) -> list[str]:
              for hw, v in sorted(gpu_profile_ratios(evidence.table).items())]
     for e in engine_plans(evidence.table):
         lines += [f"{e['producer']} ({e['model']}): {e['homogeneous']} / {label} = "
-                  f"{plain(v[0])}x ({e['repeats']} repeats)" for label, v in e["ratios"].items()]
+                  f"{v[0].text()}" for label, v in e["ratios"].items()]
     return lines or ["no runs"]
 
 

@@ -20,16 +20,20 @@ from feather.claims.base import (
     Claim,
     Evidence,
     FigureSpec,
+    Measure,
     Scale,
     SourceGrade,
     Verdict,
     grade,
+    grade_interval,
     median_range,
     plain,
+    ratio_interval,
     real_source,
     simulated,
     sorted_grades,
     times,
+    unstable_text,
 )
 from feather.claims.data import (
     batch_requests,
@@ -98,6 +102,9 @@ def simulated_ratios(table: pd.DataFrame) -> dict[tuple[str, str], float]:
 
 
 def _engine_grades(table: pd.DataFrame) -> list[SourceGrade]:
+    """Per real engine and model: each backend's decode-only throughput with k divergent
+    requests over none. The batches are separate engine jobs, so the ratios are unpaired
+    (feather/measuring/stats.py unpaired_ratio_interval); graded on the one-divergent cut."""
     if "decode_only_tok_s" not in table:
         return []
     runs = table[(table.experiment == "c2") & (table.engine != "sim")
@@ -108,22 +115,28 @@ def _engine_grades(table: pd.DataFrame) -> list[SourceGrade]:
     runs["divergent"] = runs.workload.map(divergent_requests)
     grades = []
     for (_, model), part in runs.groupby(["engine", "model"]):
-        text, one = [], []
+        text, one, measures = [], [], []
         for attention, own in part.groupby("attention"):
-            medians = own.groupby("divergent").decode_only_tok_s.median()
-            if 0 not in medians:
+            clean = own[own.divergent == 0]
+            if clean.empty:
                 continue
-            cuts = ", ".join(f"{k} divergent {times(v / medians[0])}"
-                             for k, v in medians.items() if k)
-            clean = own[own.divergent == 0].decode_only_tok_s
-            text.append(f"{attention}: {median_range(clean)} tok/s with none; {cuts}")
-            if 1 in medians:
-                one.append(medians[1] / medians[0])
+            cuts = {k: ratio_interval(runs_k, clean, "decode_only_tok_s")
+                    for k, runs_k in own.groupby("divergent") if k}
+            cuts = {k: iv for k, iv in cuts.items() if iv is not None}
+            text.append(f"{attention}: {median_range(clean.decode_only_tok_s)} tok/s with "
+                        "none; " + ", ".join(f"{k} divergent {iv.text()}"
+                                             for k, iv in cuts.items()))
+            measures += [Measure(f"{model} {attention}: {k} divergent / none", interval=iv)
+                         for k, iv in cuts.items()]
+            if 1 in cuts:
+                one.append(cuts[1])
         if text:
+            largest_cut = min(one, key=lambda iv: iv.median) if one else None
             grades.append(SourceGrade(
                 real_source(part), f"{producers(part)}, {model}, batch of "
-                f"{int(part.requests.max())}, {part.repeat.nunique()} repeats",
-                "; ".join(text), grade(min(one), SCALE) if one else UNTESTABLE))
+                f"{int(part.requests.max())}",
+                "; ".join(text), grade_interval(largest_cut, SCALE) if one else UNTESTABLE,
+                measures=tuple(measures), flag=unstable_text(part)))
     return grades
 
 

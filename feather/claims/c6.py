@@ -19,14 +19,18 @@ from feather.claims.base import (
     Claim,
     Evidence,
     FigureSpec,
+    Measure,
     SourceGrade,
     Verdict,
+    grade_interval_no_worse,
     grade_no_worse,
+    paired_interval,
     plain,
     real_source,
     simulated,
     sorted_grades,
     times,
+    unstable_text,
 )
 from feather.claims.data import ratio_to
 from feather.claims.plot import grid, producers, save
@@ -67,18 +71,24 @@ def worst_simulated(table: pd.DataFrame) -> dict[str, tuple[float, str]]:
 
 
 def real_grades(table: pd.DataFrame) -> list[SourceGrade]:
+    """Per real engine, model and workload: each Feather policy over FCFS, paired within each
+    quiet repeat; graded on the worst one's interval."""
     runs = table[(table.experiment == "c6") & (table.engine != "sim")]
     out = []
     for _, part in runs.groupby(["engine", "model", "workload"]):
-        medians = part.groupby("scheduler").output_tok_s.median()
-        if "fcfs" not in medians or len(medians) < 2:
+        labels = [s for s in part.scheduler.unique() if s != "fcfs"]
+        if "fcfs" not in set(part.scheduler) or not labels:
             continue
-        others = medians.drop("fcfs") / medians["fcfs"]
+        others = {s: iv for s in labels if (iv := paired_interval(part, s, "fcfs")) is not None}
+        if not others:
+            continue
+        worst = min(others.values(), key=lambda iv: iv.median)
         out.append(SourceGrade(
-            real_source(part), f"{producers(part)}, {part.model.iloc[0]}, "
-            f"{part.repeat.nunique()} repeats",
-            ", ".join(f"{s} {times(v)} of FCFS" for s, v in others.items()),
-            grade_no_worse(others.min(), NO_WORSE, PARTLY_NO_WORSE)))
+            real_source(part), f"{producers(part)}, {part.model.iloc[0]}",
+            f"paired within {part.repeat.nunique()} interleaved repeats: "
+            + ", ".join(f"{s} / FCFS {iv.text()}" for s, iv in others.items()),
+            grade_interval_no_worse(worst, NO_WORSE, PARTLY_NO_WORSE), flag=unstable_text(part),
+            measures=tuple(Measure(f"{s} / FCFS", interval=iv) for s, iv in others.items())))
     return out
 
 

@@ -22,16 +22,20 @@ from feather.claims.base import (
     Claim,
     Evidence,
     FigureSpec,
+    Measure,
     SourceGrade,
     Verdict,
+    grade_interval_no_worse,
     grade_no_worse,
     median_range,
     plain,
     plausible,
+    ratio_interval,
     real_source,
     simulated,
     sorted_grades,
     times,
+    unstable_text,
 )
 from feather.claims.data import kernel_labels
 from feather.claims.plot import grid, producers, save
@@ -80,21 +84,26 @@ def simulated_ratios(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
 
 
 def real_grades(table: pd.DataFrame) -> list[SourceGrade]:
+    """feather-static under vLLM's kernel over FCFS under the PAT-style backend: two engine
+    starts (one backend each), so an unpaired ratio with its wider interval."""
     runs = table[(table.experiment == "c7") & (table.engine != "sim")].copy()
     if runs.empty or "attention" not in runs:
         return []
     runs["attention"] = runs["attention"].fillna("vllm")
     out = []
     for (_, model, _), part in plausible(runs).groupby(["engine", "model", "workload"]):
-        medians = part.groupby(["scheduler", "attention"]).output_tok_s.median()
-        ours, pat = medians.get(("feather-static", "vllm")), medians.get(("fcfs", "pat"))
+        ours = part[(part.scheduler == "feather-static") & (part.attention == "vllm")]
+        pat = part[(part.scheduler == "fcfs") & (part.attention == "pat")]
         text = ", ".join(f"{s} + {a} {median_range(own.output_tok_s)} tok/s"
                          for (s, a), own in part.groupby(["scheduler", "attention"]))
-        ratio = None if ours is None or pat is None else ours / pat
+        ratio = ratio_interval(ours, pat)
         out.append(SourceGrade(
-            real_source(part), f"{producers(part)}, {model}, {part.repeat.nunique()} repeats",
-            f"{text}; feather-static + vllm / fcfs + pat {times(ratio)}",
-            grade_no_worse(ratio, MATCHES, PARTLY_MATCHES)))
+            real_source(part), f"{producers(part)}, {model}",
+            f"{text} over {part.repeat.nunique()} repeats; feather-static + vllm / fcfs + pat "
+            f"{ratio.text() if ratio else 'n/a'}",
+            grade_interval_no_worse(ratio, MATCHES, PARTLY_MATCHES), flag=unstable_text(part),
+            measures=(Measure("feather-static + vllm / fcfs + pat", interval=ratio),)
+            if ratio else ()))
     return out
 
 

@@ -76,6 +76,20 @@ def median_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> 
     return Interval(statistics.median(data), data[k - 1], data[n - k], n, coverage(n, k))
 
 
+def unpaired_ratio_interval(numerator: Iterable[float],
+                            denominator: Iterable[float]) -> Interval | None:
+    """numerator / denominator where the two were not measured side by side (separate engine
+    starts): the ratio of medians, bounded by each median's interval (low/high, high/low).
+    Both intervals hold with a probability of at least their coverages' sum less one
+    (Bonferroni), the coverage stated; wider than a paired interval, as it should be."""
+    top, bottom = median_interval(numerator), median_interval(denominator)
+    if top is None or bottom is None or bottom.low <= 0:
+        return None
+    return Interval(top.median / bottom.median, top.low / bottom.high, top.high / bottom.low,
+                    min(top.n, bottom.n), max(0.0, top.coverage + bottom.coverage - 1.0),
+                    "unpaired: each median's order-statistic interval, combined")
+
+
 def paired_ratios(numerator: Mapping[Any, float], denominator: Mapping[Any, float]) -> list[float]:
     """numerator[key] / denominator[key] for every key both measured (a repeat, or a seed and
     a repeat): ratios taken within a repeat, so what drifts between repeats cancels."""
