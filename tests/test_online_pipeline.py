@@ -43,6 +43,10 @@ def online_document(dataset: str, schedulers, fractions, ttft_ratio: float = 1.0
                 "errors": 0, "request_throughput": throughput, "p50_ttft_ms": 0.6 * ttft,
                 "p99_ttft_ms": ttft, "p99_tpot_ms": 14.0 + 3 * (fraction or 1.2),
                 "scheduler_state_after": {"requests": 0},
+                # each repeat's own p99, the repeats drifting alike for every scheduler
+                "repeats_detail": [{"repeat": k, "p99_ttft_ms": ttft * (1 + 0.05 * k),
+                                    "measurement": {"repeat": k, "disturbed": None}}
+                                   for k in range(3)],
             })  # fmt: skip
     return json.dumps({"rows": rows, "capacity_rps": capacity, "dataset": {"label": dataset}})
 
@@ -142,7 +146,8 @@ def test_the_online_row_holds_only_within_its_tolerance(ratio, verdict, tmp_path
                                     ttft_ratio=ratio))  # fmt: skip
     ours, got, mechanism = online_verdict([path])
     assert got == verdict
-    assert f"{ratio:.2f}x" in ours and "2 rates" in ours
+    assert f"{ratio:.2f}x [{ratio:.2f}-{ratio:.2f}] (n=3, 75% coverage)" in ours
+    assert "at 0.5" in ours and "at 0.9" in ours
     assert "2.40x FCFS's throughput" in mechanism  # the saturated run, said beside it
 
 
@@ -171,3 +176,25 @@ def test_pooled_percentiles_take_every_successful_request_of_every_repeat() -> N
     assert row["p50_tpot_ms"] == pytest.approx(100.0)
     assert row["request_throughput"] == 2.5 and row["request_throughput_max"] == 3.0
     assert (row["completed"], row["errors"], row["repeats"]) == (4, 1, 2)
+
+
+def test_an_online_interval_that_spans_the_tolerance_is_inconclusive(tmp_path) -> None:
+    doc = json.loads(online_document("leval_online", ("fcfs", "feather-static"), (0.5, 0.9),
+                                     ttft_ratio=1.05))
+    row = next(r for r in doc["rows"] if r["scheduler"] == "feather-static"
+               and r["load_fraction"] == 0.9)
+    row["repeats_detail"][2]["p99_ttft_ms"] *= 1.3 / 1.05  # one repeat at 1.3x FCFS's
+    path = tmp_path / "online.json"
+    path.write_text(json.dumps(doc))
+    ours, got, _ = online_verdict([path])
+    assert got == "inconclusive (interval 1.05-1.30 spans the bar 1.10)"
+    # that repeat ran beside a busy process and stayed so: not graded, and said; two quiet
+    # repeats are fewer than the row asks for
+    row["repeats_detail"][2]["measurement"] = {
+        "repeat": 2, "disturbed": "fcfs: other processes used 90% of a core",
+        "activity": {"others_cores": 0.9}}
+    path.write_text(json.dumps(doc))
+    ours, got, _ = online_verdict([path])
+    assert got == ("inconclusive (2 quiet repeat(s) at feather-static leval_online at 0.9: "
+                   "the row asks for 3)")
+    assert "unstable: another process used 90% of a core during 1 of 3 repeats" in ours

@@ -89,6 +89,18 @@ def test_the_served_engine_runs_the_attention_asked_for(cold, warm) -> None:
     json.dumps(warm[0])  # the result is what online.json holds
 
 
+def test_both_servers_are_up_at_once_and_the_schedulers_interleave_at_each_rate(cold) -> None:
+    result, _ = cold
+    assert all(server["interleaved"] for server in result["servers"].values())
+    for row in result["rows"]:
+        (detail,) = row["repeats_detail"]
+        record = detail["measurement"]
+        # within the repeat, every scheduler at this row's rate (the loads: every rate too)
+        assert {label.split("@")[0] for label in record["order"]} == {"fcfs", "feather-static"}
+        assert record["repeat"] == detail["repeat"] == 0
+        assert record["activity"]["wall_s"] > 0
+
+
 def test_a_warm_start_needs_a_workload_of_ours() -> None:
     with pytest.raises(ValueError, match="prefix_repetition"):
         OnlineSweep(schedulers=SCHEDULERS, dataset=OnlineDataset(kind="prefix-repetition"),

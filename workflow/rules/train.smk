@@ -55,6 +55,7 @@ rule train_learner_engine:
         job_status=JOB_STATUS,
         job=lambda wc: f"train_learner_engine_{wc.regime}",
         claim=lambda wc: EXPERIMENTS[wc.experiment].claim,
+        neighbours=neighbour_cores,
     log:
         "logs/{experiment}/{hardware}/{engine}-{regime}.log",
     wildcard_constraints:
@@ -69,6 +70,7 @@ rule train_learner_engine:
         mem_mb=6000,
         **MEASURES_TIME,
     shell:
-        "({params.feather} train-engine --spec {params.spec:q} --out {params.out:q} --quiet) "
+        "(FEATHER_NEIGHBOUR_CORES={params.neighbours} "
+        "{params.feather} train-engine --spec {params.spec:q} --out {params.out:q} --quiet) "
         "> {log:q} 2>&1 || {params.job_status} --job {params.job} --claim {params.claim:q} "
         "--log {log:q} --exit-code $? {output:q}"

@@ -32,6 +32,7 @@ import numpy as np
 
 from feather.atomic import write_text_atomic
 from feather.engines.vllm.serve import ServeSetup, VllmServer
+from feather.measuring.protocol import MeasuringProtocol, RepeatOutcome
 
 PERCENTILES = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -146,6 +147,9 @@ class OnlineSweep:
     model_root: str = "data/models"
     attention: str = "vllm"  # vLLM's backend, or ours in a mode (ServeSetup.attention)
     prefix_cache: str = "cold"  # "warm": each run starts with every group's prompt served
+    # every scheduler's server up at once, so they interleave within each repeat (a CPU);
+    # false where one server takes the device's memory (a GPU): one after another
+    servers_at_once: bool = True
 
     def __post_init__(self) -> None:
         from feather.engines.runs import PREFIX_CACHE_CHOICES
@@ -303,9 +307,14 @@ def pooled(raws: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def run_online_sweep(
     sweep: OnlineSweep, out_dir: str | Path, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Every scheduler at saturation and at each fraction of FCFS's capacity, `repeats`
-    times with arrival seeds seed, seed+1, ... (interleaved over the rates): a row per
-    scheduler x rate (`pooled`), each repeat's own numbers under `repeats_detail`."""
+    """Every scheduler at saturation, then at each fraction of FCFS's capacity, under the
+    measurement protocol (feather/measuring): `repeats` repeats with arrival seeds seed,
+    seed+1, ...; within a repeat every scheduler at the same rate and seed, the order rotated
+    from repeat to repeat, a disturbed repeat taken again. On a CPU every scheduler's server
+    is up at once (idle ones wait without work), so the schedulers interleave; on a GPU
+    (`servers_at_once` false: one server fills the device's memory) they run one server after
+    another and are not interleaved, which the records say. A row per scheduler x rate
+    (`pooled`), each repeat's own numbers and measurement record under `repeats_detail`."""
     say = progress or (lambda message: None)
     out = Path(out_dir)
     work = out / "work"
@@ -314,71 +323,92 @@ def run_online_sweep(
     warm_up = group_prompts(str(sweep.dataset.workload)) if sweep.prefix_cache == "warm" else []
     max_model_len = max(1024, math.ceil((longest + 64 + sweep.dataset.output_len) / 1024) * 1024)
     ordered = sorted(sweep.schedulers, key=lambda s: s[0] != "fcfs")  # fcfs first: capacity
-    rows: list[dict[str, Any]] = []
-    capacity: float | None = None
+    labels = [label for label, _, _ in ordered]
     servers: dict[str, Any] = {}
-    learned: dict[str, Any] = {}
-    for label, cls, params in ordered:
-        # a learner learns while it serves: its table, saved as it changes, outlives the server
-        # (a later sweep goes on from it with params policy_file=<this file>)
-        policy_out = work / label / "policy.json"
-        if Path(dict(params).get("policy_file") or "").resolve() != policy_out.resolve():
-            policy_out.unlink(missing_ok=True)  # an earlier sweep's table is not this one's
-        setup = ServeSetup(
-            model=sweep.model,
-            scheduler=cls,
-            params=dict(params),
-            seed=sweep.seed,
-            max_num_seqs=sweep.max_num_seqs,
-            num_blocks=sweep.num_blocks,
-            max_num_batched_tokens=sweep.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            threads=sweep.threads,
-            model_root=sweep.model_root,
-            dev_endpoints=True,  # /reset_prefix_cache before every run
-            attention=sweep.attention,
-            policy_out=str(policy_out),
-        )
+    runs: dict[tuple[str, float], list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    capacity: float | None = None
+
+    def serve(label: str, rate: float, repeat: int, server: VllmServer) -> dict[str, Any]:
+        return _one_rate(server, label, rate, repeat, dataset_args, num_prompts,
+                         sweep.seed + repeat, work, say, warm_up)
+
+    def keep_into(label_of: Callable[[Any], str],
+                  rate_of: Callable[[Any], float]) -> Callable[[RepeatOutcome], None]:
+        def keep(outcome: RepeatOutcome) -> None:
+            for arm, raw, record in zip(outcome.order, outcome.values, outcome.records,
+                                        strict=True):
+                runs.setdefault((label_of(arm), rate_of(arm)), []).append((raw, record))
+        return keep
+
+    def protocol(job: str) -> MeasuringProtocol:
+        return MeasuringProtocol(f"{out}/{job}", label=_arm_label, describe=summarise, say=say)
+
+    def capacity_of(raws: list[tuple[dict[str, Any], dict[str, Any]]]) -> float:
+        value = float(np.median([raw["request_throughput"] for raw, _ in raws]))
+        if value <= 0:
+            raise RuntimeError("fcfs completed nothing at saturation: no capacity")
+        say(f"capacity (fcfs, saturated, median of {len(raws)}): {value:.3f}/s")
+        return value
+
+    def started(label: str, cls: str, params: tuple) -> VllmServer:
+        setup = _serve_setup(sweep, label, cls, params, max_model_len, work)
         say(f"{label}: starting vllm serve")
-        with VllmServer(setup, work / label) as server:
-            say(f"{label}: healthy after {server.startup_s:.0f} s on {server.url}")
-            servers[label] = {
-                "startup_s": server.startup_s,
-                "command": ["vllm", *setup.command(server.model_dir, server.port, None)],
-            }
-            runs: dict[float, list[dict[str, Any]]] = {}
+        server = VllmServer(setup, work / label)
+        servers[label] = {"command": ["vllm", *setup.command(server.model_dir, server.port,
+                                                             None)],
+                          "interleaved": sweep.servers_at_once}
+        return server
 
-            def measure(rate: float, repeat: int, server=server, label=label, runs=runs) -> None:
-                runs.setdefault(rate, []).append(
-                    _one_rate(server, label, rate, repeat, dataset_args, num_prompts,
-                              sweep.seed + repeat, work, say, warm_up)
-                )  # fmt: skip
+    def healthy(label: str, server: VllmServer) -> VllmServer:
+        servers[label]["startup_s"] = server.startup_s
+        say(f"{label}: healthy after {server.startup_s:.0f} s on {server.url}")
+        return server
 
-            if capacity is None:  # fcfs: its saturated throughput is the capacity
-                for repeat in range(sweep.repeats):
-                    measure(math.inf, repeat)
-                capacity = float(np.median([r["request_throughput"] for r in runs[math.inf]]))
-                if capacity <= 0:
-                    raise RuntimeError("fcfs completed nothing at saturation: no capacity")
-                say(f"capacity (fcfs, saturated, median of {sweep.repeats}): {capacity:.3f}/s")
-                rates = [f * capacity for f in sweep.load_fractions]
-            else:
-                rates = [f * capacity for f in sweep.load_fractions] + [math.inf]
-            for repeat in range(sweep.repeats):
-                for rate in rates:
-                    measure(rate, repeat)
-            for rate, raws in runs.items():
-                saturated = math.isinf(rate)
-                rows.append({
-                    "scheduler": label,
-                    "rate_rps": None if saturated else rate,
-                    "load_fraction": None if saturated else rate / capacity,
-                    "saturated": saturated,
-                    **pooled(raws),
-                    "repeats_detail": [summarise(raw) for raw in raws],
-                })  # fmt: skip
-        if policy_out.is_file():
-            learned[label] = learned_table(policy_out)
+    if sweep.servers_at_once:
+        with contextlib.ExitStack() as stack:
+            up = {label: healthy(label, stack.enter_context(started(label, cls, params)))
+                  for label, cls, params in ordered}
+            protocol("saturated").run(
+                labels, sweep.repeats, lambda label, r: serve(label, math.inf, r, up[label]),
+                keep_into(lambda arm: arm, lambda arm: math.inf))
+            capacity = capacity_of(runs[("fcfs", math.inf)])
+            loads = [(label, f * capacity) for f in sweep.load_fractions for label in labels]
+            protocol("loads").run(
+                loads, sweep.repeats, lambda arm, r: serve(arm[0], arm[1], r, up[arm[0]]),
+                keep_into(lambda arm: arm[0], lambda arm: arm[1]))
+    else:
+        for label, cls, params in ordered:  # one server at a time, each its own protocol
+            with started(label, cls, params) as server:
+                healthy(label, server)
+                rates = [math.inf] + ([f * capacity for f in sweep.load_fractions]
+                                      if capacity is not None else [])
+                def measure(rate: float, r: int, label: str = label,
+                            server: VllmServer = server) -> dict[str, Any]:
+                    return serve(label, rate, r, server)
+
+                keep = keep_into(lambda rate, label=label: label, lambda rate: rate)
+                protocol(label).run(rates, sweep.repeats, measure, keep)
+                if capacity is None:  # fcfs: its saturated throughput, then its loads
+                    capacity = capacity_of(runs[("fcfs", math.inf)])
+                    protocol(f"{label}-loads").run(
+                        [f * capacity for f in sweep.load_fractions], sweep.repeats, measure,
+                        keep)
+    assert capacity is not None
+    rows: list[dict[str, Any]] = []
+    for (label, rate), kept in runs.items():
+        saturated = math.isinf(rate)
+        raws = [raw for raw, _ in kept]
+        rows.append({
+            "scheduler": label,
+            "rate_rps": None if saturated else rate,
+            "load_fraction": None if saturated else rate / capacity,
+            "saturated": saturated,
+            **pooled(raws),
+            "repeats_detail": [{**summarise(raw), "repeat": record["repeat"],
+                                "measurement": record} for raw, record in kept],
+        })  # fmt: skip
+    learned = {label: learned_table(work / label / "policy.json") for label in labels
+               if (work / label / "policy.json").is_file()}
     return {
         "capacity_rps": capacity,
         "rows": rows,
@@ -390,6 +420,40 @@ def run_online_sweep(
         "prefix_cache": sweep.prefix_cache,
         "learned": learned,
     }
+
+
+def _arm_label(arm: Any) -> str:
+    """A scheduler label, or (label, rate) as `label@rate`, or a rate."""
+    if isinstance(arm, str):
+        return arm
+    if isinstance(arm, tuple):
+        return f"{arm[0]}@{arm[1]:.4g}/s"
+    return "inf" if math.isinf(arm) else f"{arm:.4g}/s"
+
+
+def _serve_setup(sweep: OnlineSweep, label: str, cls: str, params: tuple, max_model_len: int,
+                 work: Path) -> ServeSetup:
+    """One scheduler's server. A learner learns while it serves: its table, saved as it
+    changes, outlives the server (a later sweep goes on from it with params
+    policy_file=<this file>)."""
+    policy_out = work / label / "policy.json"
+    if Path(dict(params).get("policy_file") or "").resolve() != policy_out.resolve():
+        policy_out.unlink(missing_ok=True)  # an earlier sweep's table is not this one's
+    return ServeSetup(
+        model=sweep.model,
+        scheduler=cls,
+        params=dict(params),
+        seed=sweep.seed,
+        max_num_seqs=sweep.max_num_seqs,
+        num_blocks=sweep.num_blocks,
+        max_num_batched_tokens=sweep.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        threads=sweep.threads,
+        model_root=sweep.model_root,
+        dev_endpoints=True,  # /reset_prefix_cache before every run
+        attention=sweep.attention,
+        policy_out=str(policy_out),
+    )
 
 
 def learned_table(path: Path) -> dict[str, Any]:

@@ -167,6 +167,8 @@ def _cmd_online(args: argparse.Namespace) -> int:
         model_root=args.model_root,
         attention=args.attention,
         prefix_cache=args.prefix_cache,
+        # a GPU's memory holds one server: there the schedulers run one after another
+        servers_at_once=_hardware_label() == "cpu",
     )
 
     def say(message: str) -> None:
