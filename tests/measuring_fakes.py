@@ -30,7 +30,11 @@ class ScriptedWatch:
         return None
 
     def stop(self, started: Any) -> Activity:
-        return next(self.script, activity())
+        self.last_seen = next(self.script, activity())
+        return self.last_seen
+
+    def since(self, started: Any) -> Activity:
+        return activity()  # the repeat as a whole: judged by its arms here
 
     def idle_excess(self, window_s: float = 1.0) -> float:
         self.idle_looks += 1

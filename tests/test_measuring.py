@@ -132,3 +132,13 @@ def test_proc_accounting_tells_our_children_from_other_processes() -> None:
     theirs = watch.stop(started)
     assert theirs.others_cores >= 0.7 and theirs.own_cpu_s < 0.3
     assert theirs.disturbed(QuietBounds()) is not None
+
+
+def test_a_measurement_too_short_for_procs_ticks_is_judged_with_its_whole_repeat() -> None:
+    bounds = QuietBounds()
+    # one 10 ms tick of another process over a 20 ms launch reads as half a core: no signal
+    assert activity(others_cores=0.5, wall_s=0.02).disturbed(bounds) is None
+    assert activity(wait_share=0.3, wall_s=0.02).disturbed(bounds) is None
+    # over a second the same shares are real
+    assert activity(others_cores=0.5, wall_s=1.0).disturbed(bounds) is not None
+    assert activity(wait_share=0.3, wall_s=1.0).disturbed(bounds) is not None

@@ -40,6 +40,8 @@ from typing import Any
 from feather.kernels.block_tables import BatchLayout, grouped_batch, split_evenly
 from feather.kernels.plan import KERNELS
 from feather.kernels.traffic import plan_bytes
+from feather.measuring.protocol import MeasuringProtocol, RepeatOutcome
+from feather.measuring.stats import unpaired_ratio_interval
 from feather.models import get_model
 
 SCHEMA = "feather.bench.kernels/1"
@@ -323,8 +325,9 @@ def run_batch(
 ) -> list[dict[str, Any]]:
     """Every (kernel, implementation) on one batch: rows with medians, bytes and a check.
 
-    Repeats are interleaved (each repeat runs every kernel once, on the same fresh query),
-    so a load spike on a shared machine hits all kernels alike instead of one of them.
+    Repeats follow the measurement protocol (feather/measuring): each runs every kernel once,
+    on the same fresh query, in an order rotated from repeat to repeat, and a repeat taken
+    beside a busy process is taken again, so a load spike hits all kernels alike.
     """
     from feather.kernels.decode import prepare
     from feather.kernels.paged_decode import default_scale
@@ -354,13 +357,31 @@ def run_batch(
         checked[key] = b.step(check_q, out).float().clone()
     expected = checked["paged", implementations[0]]
     times: dict[tuple[str, str], list[float]] = {key: [] for key in bound}
-    for i in range(sweep.warmup + sweep.repeats):
+    records: dict[tuple[str, str], list[dict[str, Any]]] = {key: [] for key in bound}
+    for _ in range(sweep.warmup):
         q = fresh_q()
-        for key, b in bound.items():
+        for b in bound.values():
             dev.sync()
-            seconds = dev.time_call(functools.partial(b.step, q, out))
-            if i >= sweep.warmup:
-                times[key].append(seconds)
+            dev.time_call(functools.partial(b.step, q, out))
+    queries: dict[int, Any] = {}
+
+    def measure(key: tuple[str, str], repeat: int) -> float:
+        q = queries.setdefault(repeat, fresh_q())  # every kernel of a repeat: the same query
+        dev.sync()
+        return dev.time_call(functools.partial(bound[key].step, q, out))
+
+    def keep(outcome: RepeatOutcome) -> None:
+        queries.pop(outcome.repeat, None)
+        for key, seconds, record in zip(outcome.order, outcome.values, outcome.records,
+                                        strict=True):
+            times[key].append(seconds)
+            records[key].append(record)
+
+    # the measurement protocol (feather/measuring): every kernel in each repeat, on the same
+    # fresh query, the order rotated, a repeat taken beside a busy process taken again
+    MeasuringProtocol(f"kernels {benchmark} {batch.name}", label=lambda key: "/".join(key),
+                      describe=lambda seconds: {"seconds": seconds}).run(
+        list(bound), sweep.repeats, measure, keep)
 
     def count(key: tuple[str, str]) -> Any:
         return plan_bytes(
@@ -392,6 +413,7 @@ def run_batch(
                 "median_s": median,
                 "min_s": min(times[kernel, impl]),
                 "times_s": times[kernel, impl],
+                "measurement": records[kernel, impl],
                 "warmup": sweep.warmup,
                 "repeats": sweep.repeats,
                 "plan_s": plan_s[kernel, impl],
@@ -458,6 +480,17 @@ def _median(rows: list[dict], config: str, kernel: str, impl: str) -> float | No
     return None
 
 
+def _times(rows: list[dict], config: str, kernel: str, impl: str) -> list[float]:
+    """A row's repeats that the protocol kept quiet (all, for rows recorded before it)."""
+    for r in rows:
+        if (r["config"], r["kernel"], r["implementation"]) == (config, kernel, impl):
+            times = r.get("times_s") or [r["median_s"]]
+            records = r.get("measurement") or [{}] * len(times)
+            return [t for t, m in zip(times, records, strict=True)
+                    if not m.get("disturbed")] or list(times)
+    return []
+
+
 def summarise(rows: list[dict], sweep: Sweep) -> dict[str, list[dict[str, Any]]]:
     """C1, C2 and C7 ratios per (kernel, implementation), from the rows' medians."""
     out: dict[str, list[dict[str, Any]]] = {"c1": [], "c2": [], "c7": []}
@@ -469,6 +502,10 @@ def summarise(rows: list[dict], sweep: Sweep) -> dict[str, list[dict[str, Any]]]
             mixed = _median(rows, f"mixed_{n}", kernel, impl)
             big = _median(rows, f"mixed_{GROUPS * n}", kernel, impl)
             if homog and mixed and big:
+                # separate batches (each its own run): unpaired, the wider interval
+                interval = unpaired_ratio_interval(
+                    [n / t for t in _times(rows, f"homog_{n}", kernel, impl)],
+                    [GROUPS * n / t for t in _times(rows, f"mixed_{GROUPS * n}", kernel, impl)])
                 out["c1"].append(
                     {
                         "kernel": kernel,
@@ -477,6 +514,7 @@ def summarise(rows: list[dict], sweep: Sweep) -> dict[str, list[dict[str, Any]]]
                         "homog_tok_s": n / homog,
                         "mixed_big_tok_s": GROUPS * n / big,
                         "homog_throughput_over_mixed_big": (n / homog) / (GROUPS * n / big),
+                        "interval": interval.to_json() if interval else None,
                     }
                 )
             base = _median(rows, f"homog_{sweep.c2_batch}_div0", kernel, impl)

@@ -96,11 +96,13 @@ class MeasuringProtocol(Generic[A, M]):
     def _attempt(self, order: list[A], repeat: int, measure: Callable[[A, int], M],
                  number: int) -> Attempt[A, M]:
         before = self.probe_fn()
-        values, activities = [], []
+        values, activities, first = [], [], None
         for arm in order:
             started = self.watch.start()
+            first = first or started
             values.append(measure(arm, repeat))
             activities.append(self.watch.stop(started))
+        whole = self.watch.since(first)  # the repeat: its arms may be too short to judge
         after = self.probe_fn()
         reference = min(self.reference_probe_s or before, before, after)
         self.reference_probe_s = reference
@@ -110,8 +112,13 @@ class MeasuringProtocol(Generic[A, M]):
             why = activity.disturbed(bounds)
             if why:
                 reasons.append(f"{self.label(arm)}: {why}")
-            score = max(score, activity.wait_share / bounds.wait_share,
-                        activity.excess_cores / bounds.excess_cores)
+        why = whole.disturbed(bounds)
+        if why and not reasons:
+            reasons.append(f"over the repeat: {why}")
+        for activity in (*activities, whole):
+            if activity.disturbed(bounds):
+                score = max(score, activity.wait_share / bounds.wait_share,
+                            activity.excess_cores / bounds.excess_cores)
         drift = abs(after / before - 1.0) if before > 0 else 0.0
         slow = max(before, after) / reference - 1.0 if reference > 0 else 0.0
         if drift > bounds.probe_drift:

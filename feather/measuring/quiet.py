@@ -191,7 +191,11 @@ def probe(runs: int = 3) -> float:
     return statistics.median(probe_once() for _ in range(runs))
 
 
-# ---- one measurement's activity --------------------------------------------------------------
+# ---- one measurement's activity ----
+
+WAIT_WINDOW_S = 0.1  # shorter: a single tick of waiting reads as several percent
+OTHERS_WINDOW_S = 0.5  # shorter: /proc/stat's 10 ms ticks read as a large share of a core
+
 
 @dataclass(frozen=True)
 class Activity:
@@ -219,11 +223,15 @@ class Activity:
         return self.own_wait_s / self.wall_s if self.wall_s > 0 else 0.0
 
     def disturbed(self, bounds: QuietBounds) -> str | None:
-        """Why this measurement is disturbed, or None."""
+        """Why this measurement is disturbed, or None. Each signal is judged only over a
+        window long enough for its resolution: our wait is counted in nanoseconds but comes
+        in scheduler ticks of a few milliseconds (WAIT_WINDOW_S); other processes' CPU time
+        in ticks of 10 ms, an error of about 0.04 cores over OTHERS_WINDOW_S. A short
+        measurement (a kernel launch) is judged with its whole repeat."""
         reasons = []
-        if self.wait_share > bounds.wait_share:
+        if self.wall_s >= WAIT_WINDOW_S and self.wait_share > bounds.wait_share:
             reasons.append(f"our threads waited for a core {self.wait_share:.0%} of the time")
-        if self.excess_cores > bounds.excess_cores:
+        if self.wall_s >= OTHERS_WINDOW_S and self.excess_cores > bounds.excess_cores:
             reasons.append(f"other processes used {self.others_cores:.0%} of a core "
                            f"({self.neighbour_cores:g} left to them)")
         return "; ".join(reasons) or None
@@ -254,12 +262,19 @@ class Watch:
 
     neighbour_cores: float = field(default_factory=neighbour_cores_from_env)
     root: int | None = None
+    last: Snapshot | None = None
 
     def start(self) -> Snapshot:
         return Snapshot.take(self.root)
 
     def stop(self, started: Snapshot) -> Activity:
-        return between(started, Snapshot.take(self.root), self.neighbour_cores)
+        self.last = Snapshot.take(self.root)
+        return between(started, self.last, self.neighbour_cores)
+
+    def since(self, started: Snapshot) -> Activity:
+        """From `started` to the last `stop`: a whole repeat, when its arms are too short to
+        be judged one by one."""
+        return between(started, self.last, self.neighbour_cores)
 
     def idle_excess(self, window_s: float = 1.0) -> float:
         """Other processes' cores beyond the neighbour's over a short idle window of ours."""
