@@ -17,6 +17,9 @@ import pandas as pd
 from feather.atomic import write_json_atomic, write_text_atomic
 from feather.claims import CLAIMS, load_reports
 from feather.claims.base import (
+    DOES_NOT_HOLD,
+    HOLDS,
+    INCONCLUSIVE,
     NOISE,
     NOT_REPRODUCED,
     PAPER_GPUS,
@@ -48,6 +51,21 @@ The grade (one rule for every claim and source, applied to the claim's own measu
   or only part of the claim (C4: one of its two parts; C5: against some of its baselines).
 - **{NOT_REPRODUCED}**: no effect (within {NOISE:.0%}) or the opposite sign.
 - **{UNTESTABLE}**: no source produced data for it in a plausible regime (the reason is given).
+
+A real source (a GPU, an engine, real code, a kernel) is measured under one protocol
+(`feather/measuring`): the arms compared run interleaved within each repeat, their order
+rotated from repeat to repeat; each repeat records what else ran on the machine (other
+processes' CPU time and our threads' wait for a core, from /proc) and a reference probe
+before and after, and a repeat taken on a busy machine is taken again (at most twice). Its
+line shows each ratio as **median [interval] (n)**: ratios paired within a repeat where the
+arms shared an engine start (else the ratio of medians with a wider, unpaired interval), the
+interval distribution-free (order statistics; its coverage shown where n is too small for
+95%). It is graded from the interval: **{REPRODUCED}** (or **{HOLDS}**) only where the
+interval's lower end clears the bar, **{NOT_REPRODUCED}** (or **{DOES_NOT_HOLD}**) only where
+the interval excludes the effect, otherwise **{INCONCLUSIVE} (interval a-b spans the bar)**.
+Repeats that stayed disturbed are left out of the interval and the line says **unstable:
+another process used N% of a core during k of n repeats**. The simulator is deterministic (a
+rerun with the same seed gives the same numbers): its sources keep point grades.
 
 Half the paper's effect, per claim: C1 homogeneous / mixed throughput {1.5}x (paper ~2x); C2
 one divergent request leaves 0.67 of the throughput (a 1.5x cut; paper ~2x); C3 radix-tree
