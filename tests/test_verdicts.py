@@ -197,11 +197,17 @@ def test_overhead_claims_grade_the_real_step_before_the_simulated_one(tmp_path) 
 
 
 def _c5_table(ratio_fcfs: float, ratio_lpm: float, ratio_dfs: float,
-              cost: str | None = None) -> list[dict]:
+              cost: str | None = None, control: float | None = None,
+              workload: str = "w") -> list[dict]:
+    """`control`: the prefix-blind control's throughput over FCFS's (absent where None)."""
     rows = []
     for seed in (0, 1, 2):
         jitter = 1 + 0.01 * seed
-        common = {"experiment": "c5", "order_seed": seed, "sched_cost_model": cost}
+        common = {"experiment": "c5", "order_seed": seed, "sched_cost_model": cost,
+                  "workload": workload}
+        if control is not None:
+            rows.append(_row(scheduler="shortest-prompt", output_tok_s=100.0 * control,
+                             **common))
         rows += [
             _row(scheduler="fcfs", output_tok_s=100.0, time_recompute_s=60.0, **common),
             _row(scheduler="lpm", output_tok_s=100.0 * ratio_fcfs / ratio_lpm, **common),
@@ -210,7 +216,8 @@ def _c5_table(ratio_fcfs: float, ratio_lpm: float, ratio_dfs: float,
                  time_recompute_s=5.0, **common),
         ]
     rows += [_row(experiment="c5", scheduler=s, output_tok_s=100.0, arrival_order="grouped",
-                  order_seed=None, sched_cost_model=cost) for s in ("fcfs", "feather-static")]
+                  order_seed=None, sched_cost_model=cost, workload=workload)
+             for s in ("fcfs", "feather-static")]
     return rows
 
 
@@ -257,7 +264,12 @@ def test_c5_shows_each_cost_model_and_is_graded_on_the_real_engine() -> None:
     assert verdict.graded_by == b.REAL_ENGINE
     assert verdict.headline == b.PARTLY  # 4.37x FCFS, but 1.00x LPM and 1.06x DFS-W
     real = verdict.grades[0].text
-    assert "/ fcfs 4.37x / lpm 1.00x / dfs-weight 1.06x" in real
+    # each ratio paired within its repeats: its median [interval] (n)
+    assert ("/ fcfs 4.37x [4.37-4.37] (n=5, 94% coverage) / lpm 1.00x [1.00-1.00] (n=5, 94% "
+            "coverage) / dfs-weight 1.06x [1.06-1.06]") in real
+    assert [m.name for m in verdict.grades[0].measures] == [
+        "best Feather / fcfs", "best Feather / lpm", "best Feather / dfs-weight"]
+    assert all(m.interval is not None and m.interval.n == 5 for m in verdict.grades[0].measures)
     costs = {g.where.split(";")[0]: g.grade for g in verdict.grades if g.source == b.SIM_GPU}
     assert costs == {"scheduling cost: sglang-0.5.10": b.REPRODUCED,
                      "scheduling cost: sglang-0.5.23-rust": b.PARTLY}
@@ -276,6 +288,100 @@ def test_c5_real_engine_reads_each_workload_and_backend_against_its_own_baseline
     grades = c5.real_grades(pd.DataFrame(rows))
     assert {(g.where.split(", ")[1], g.grade) for g in grades} == {
         ("long", b.REPRODUCED), ("slice", b.PARTLY)}
+
+
+LEVAL = "data/workloads/leval__min=1000-max=10000-order=shuffled-seed=0__llama-3.1-8b.parquet"
+OVERLAP = ("synthetic:groups=128,per_group=8,prefix=6000,suffix=100,suffix_spread=0.9,output=32,"
+           "order=shuffled,seed=0")
+
+
+def test_c5_a_length_sorted_control_ahead_of_feather_is_said_not_graded() -> None:
+    """L-Eval's case: the prefix-blind control (3.1x FCFS) beats best Feather (3.03x): the
+    line shows best Feather / the control beside best Feather / FCFS, the mechanism says the
+    control matches Feather there, and the grade stays the paper's three baselines'."""
+    verdict = c5.verdict(_evidence(_c5_table(3.0, 2.0, 1.6, control=3.1, workload=LEVAL)))
+    assert verdict.headline == b.REPRODUCED
+    line = verdict.grades[0].text
+    assert "best Feather / fcfs 3.03x-3.03x" in line
+    assert ("prefix-blind control, not graded - leval min=1000 max=10000: shortest-prompt / "
+            "fcfs 3.10x, best Feather / shortest-prompt 0.98x, the length order 100.0% of the "
+            "gain") in line
+    assert "it matches Feather on leval min=1000 max=10000" in verdict.mechanism
+    assert "nearly equal prompt lengths" in verdict.mechanism
+    names = [m.name for m in verdict.grades[0].measures]
+    assert "leval min=1000 max=10000: best Feather / shortest-prompt (mean over settings)" in names
+
+
+def test_c5_where_lengths_do_not_reveal_the_group_the_control_falls_to_fcfs() -> None:
+    rows = (_c5_table(3.0, 2.0, 1.6, control=3.1, workload=LEVAL)
+            + _c5_table(3.0, 2.5, 1.8, control=1.02, workload=OVERLAP))
+    verdict = c5.verdict(_evidence(rows))
+    line = verdict.grades[0].text
+    label = "synthetic groups=128 per_group=8 prefix=6000 suffix_spread=0.9"
+    assert (f"{label}: shortest-prompt / fcfs 1.02x, best Feather / shortest-prompt 2.97x, "
+            "the length order 1.8% of the gain") in line  # log 1.02 / log 3.03
+    assert f"it does not match Feather on {label}" in verdict.mechanism
+    assert "there the gain is prefix awareness" in verdict.mechanism
+    assert "it matches Feather on leval" in verdict.mechanism
+    without = c5.verdict(_evidence(_c5_table(3.0, 2.0, 1.6, workload=LEVAL)))
+    assert "prefix-blind" not in without.grades[0].text + without.mechanism
+
+
+def _c5_real(feather: list[float], fcfs: list[float], control: list[float] | None = None,
+             disturbed: int | None = None) -> list[dict]:
+    rows = []
+    arms = {"fcfs": fcfs, "lpm": fcfs, "dfs-weight": fcfs, "feather-static": feather}
+    if control is not None:
+        arms["shortest-prompt"] = control
+    for scheduler, values in arms.items():
+        for repeat, tok_s in enumerate(values):
+            rows.append(_engine_row(
+                "vllm", workload="data/slice.parquet", attention="vllm", repeat=repeat,
+                scheduler=scheduler, output_tok_s=tok_s, arrival_order="interleaved",
+                measure_disturbed="load 1.3" if repeat == disturbed else "",
+                measure_others_cores=0.6 if repeat == disturbed else 0.0))
+    return rows
+
+
+def test_c5_real_engine_is_graded_from_paired_intervals_with_the_control_beside() -> None:
+    """Repeats drift together (a slow machine slows every arm of a repeat): paired within
+    each repeat best Feather / FCFS is 1.6-1.7x, reproduced; the control's ratios are shown
+    as intervals and not graded; a disturbed repeat is flagged and left out."""
+    fcfs = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    feather = [16.0, 33.0, 50.0, 66.0, 82.0, 500.0]  # repeat 5 disturbed: not graded
+    grades = c5.real_grades(pd.DataFrame(_c5_real(feather, fcfs, [v * 1.55 for v in fcfs],
+                                                  disturbed=5)))
+    (g,) = grades
+    assert g.grade == b.REPRODUCED
+    assert "/ fcfs 1.65x [1.60-1.67] (n=5, 94% coverage)" in g.text
+    assert ("prefix-blind control, not graded: shortest-prompt / fcfs 1.55x [1.55-1.55] (n=5, "
+            "94% coverage), best Feather / shortest-prompt 1.06x [1.03-1.08]") in g.text
+    assert g.flag is not None and g.flag.startswith("unstable: another process used 60%")
+    by_name = {m.name: m.interval for m in g.measures}
+    assert by_name["best Feather / shortest-prompt"].n == 5
+
+
+def test_c5_real_engine_without_a_quiet_repeat_is_not_graded_and_says_why() -> None:
+    rows = []
+    for repeat in range(3):
+        rows += _c5_real([30.0], [10.0], [29.0], disturbed=0)
+        for row in rows[-5:]:
+            row["repeat"] = repeat
+    (g,) = c5.real_grades(pd.DataFrame(rows))
+    assert g.grade == b.UNTESTABLE and g.text == "no quiet repeat to pair"
+    assert g.flag.startswith("unstable: another process used 60% of a core during 3 of 3")
+
+
+def test_c5_real_engine_is_inconclusive_where_an_interval_spans_the_bar() -> None:
+    fcfs = [10.0] * 5
+    feather = [14.0, 14.5, 15.5, 16.0, 16.5]  # paired 1.40x-1.65x: spans the bar 1.5
+    (g,) = c5.real_grades(pd.DataFrame(_c5_real(feather, fcfs)))
+    assert b.is_inconclusive(g.grade)
+    assert g.grade == "inconclusive (/ fcfs: interval 1.40-1.65 spans the bar 1.50)"
+    # wholly below the bar on one baseline and above noise: partly, whatever the others
+    assert c5.all_baselines_interval([
+        ("fcfs", b.Interval(1.2, 1.1, 1.3, 5, 0.94)),
+        ("lpm", b.Interval(1.5, 1.4, 1.6, 5, 0.94))]) == b.PARTLY
 
 
 def test_c5_notes_the_fidelity_table() -> None:
@@ -594,3 +700,16 @@ def test_arms_of_separate_engine_starts_get_the_wider_unpaired_interval() -> Non
     iv = b.ratio_interval(pd.DataFrame(paired).query("attention == 'vllm'"),
                           pd.DataFrame(paired).query("attention == 'pat'"))
     assert (iv.low, iv.high) == (1.0, 1.0)  # paired within each repeat: the drift cancels
+
+
+def test_the_stop_row_says_where_feather_static_cannot_act() -> None:
+    rows = [{**r, "max_num_seqs": 16, "largest_group": 9,
+             "decisions_stop": 0 if r["scheduler"] != "fcfs" else None}
+            for r in _stop_rows("groups_of_9", "cascade",
+                                {"fcfs": 30, "feather-nostop": 35, "feather-static": 35})]
+    row = stop.verdict(_evidence(rows))
+    assert row.headline == b.DOES_NOT_HOLD
+    assert ("feather-static cannot act here: its threshold (12 of 16 slots) is above the "
+            "largest prefix group (9), so it never stopped") in row.grades[0].text
+    stopped = [{**r, "decisions_stop": 4} for r in rows]
+    assert "cannot act" not in stop.verdict(_evidence(stopped)).grades[0].text

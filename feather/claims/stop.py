@@ -10,6 +10,8 @@ where the interval spans it); on the simulator's cpu profile, its prediction, a 
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +129,33 @@ def stop_ratios(table: pd.DataFrame, engine: bool) -> pd.DataFrame:
                 "nostop_groups": groups.get("feather-nostop", float("nan")),
                 "setting": _setting(part),
                 "flag": unstable_text(part) if engine else None,
+                "cannot_act": cannot_act(part, rule) if engine else None,
             })
     return pd.DataFrame(rows)
+
+
+def cannot_act(part: pd.DataFrame, rule: str) -> str | None:
+    """Where feather-static never stopped in a regime, why: its threshold (min_batch, else
+    min_batch_fraction of the engine's slots) above the largest prefix group, so no batch of
+    one prefix ever reaches it; None where it stopped, or for another rule."""
+    runs = part[part.scheduler == rule]
+    if rule != "feather-static" or runs.empty or "decisions_stop" not in runs:
+        return None
+    if runs.decisions_stop.fillna(0).sum() > 0:
+        return None
+    params = json.loads(runs.params.iloc[0] or "{}") if "params" in runs else {}
+    slots = runs.max_num_seqs.dropna() if "max_num_seqs" in runs else pd.Series(dtype=float)
+    group = runs.largest_group.dropna() if "largest_group" in runs else pd.Series(dtype=float)
+    if slots.empty or group.empty:
+        return "feather-static never stopped here"
+    threshold = params.get("min_batch") or max(
+        2, math.ceil(params.get("min_batch_fraction", 0.75) * int(slots.iloc[0])))
+    if int(group.max()) < threshold:
+        return (f"feather-static cannot act here: its threshold ({threshold} of "
+                f"{int(slots.iloc[0])} slots) is above the largest prefix group "
+                f"({int(group.max())}), so it never stopped")
+    return (f"feather-static never stopped here (threshold {threshold} of "
+            f"{int(slots.iloc[0])} slots, groups up to {int(group.max())})")
 
 
 def real_state(row: Any) -> str:
@@ -190,7 +217,8 @@ def verdict(evidence: Evidence) -> Verdict:
     text = "; ".join(
         f"{r.regime} ({r.attention}{'; ' + r.setting if r.setting else ''}): {r.rule} "
         f"{median_range(r.tok_s)} tok/s, / no-STOP {_interval(r.vs_nostop_iv)}, "
-        f"/ FCFS {_interval(r.vs_fcfs_iv)}"
+        f"/ FCFS {_interval(r.vs_fcfs_iv)} - {r.state}"
+        + (f" ({r.cannot_act})" if r.cannot_act else "")
         for r in real.itertuples())
     states = list(real.state)
     grade = (HOLDS if HOLDS in states else

@@ -114,6 +114,18 @@ def _measurement_columns(record: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _shape_columns(provenance: dict[str, Any], summary: RunSummary) -> dict[str, Any]:
+    """What a policy could act on in a real run: the engine's slots, the largest prefix
+    group of the workload, and the STOPs it decided (a static rule whose threshold no group
+    reaches never stops: the page says so)."""
+    engine = provenance.get("engine") or {}
+    groups = ((provenance.get("workload") or {}).get("statistics") or {}).get(
+        "requests_per_group") or {}
+    return {"max_num_seqs": engine.get("max_num_seqs"),
+            "largest_group": groups.get("max"),
+            "decisions_stop": summary.decisions_stop}
+
+
 def run_label(run_dir: Path) -> str | None:
     """The scheduler's label a simulated run's spec.json gives (None: no spec, as for real
     engine runs, whose summaries carry their label)."""
@@ -203,6 +215,7 @@ def summary_row(path: Path) -> dict[str, Any] | None:
         "fraction_of_oracle": summary.fraction_of_oracle,
         "wall_s": summary.wall_s,
         **_measurement_columns(summary.measurement),
+        **_shape_columns(provenance, summary),
         **_nvml_columns(summary.nvml),
         "git_revision": provenance["git"].get("revision"),
         "git_dirty": provenance["git"].get("dirty"),
