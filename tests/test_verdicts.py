@@ -713,3 +713,18 @@ def test_the_stop_row_says_where_feather_static_cannot_act() -> None:
             "largest prefix group (9), so it never stopped") in row.grades[0].text
     stopped = [{**r, "decisions_stop": 4} for r in rows]
     assert "cannot act" not in stop.verdict(_evidence(stopped)).grades[0].text
+
+
+def test_c1_on_the_real_engine_is_graded_at_the_longest_prefix_and_names_every_length() -> None:
+    rows = []
+    for prefix, homog in ((4096, 200.0), (2048, 160.0), (1024, 100.5)):
+        spec = f"synthetic:groups=4,per_group=8,prefix={prefix},suffix=64"
+        rows += [{**r, "workload": spec, "measure_job": f"j{prefix}"}
+                 for r in _c1_engine(homog, 100.0, 100.0)]
+    verdict = c1.verdict(_evidence(rows))
+    (real,) = [g for g in verdict.grades if g.source == b.REAL_ENGINE]
+    assert real.grade == b.REPRODUCED and verdict.headline == b.REPRODUCED
+    assert real.text.index("4,096-token prefixes") < real.text.index("1,024-token prefixes")
+    assert "4,096-token prefixes: homogeneous-8" in real.text
+    assert "2,048-token prefixes" in real.text and "- partly reproduced" in real.text
+    assert "1,024-token prefixes" in real.text and real.text.endswith("- not reproduced")

@@ -7,6 +7,7 @@ profiles (its L2 model) and its cpu profile (the real engine's plans).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -153,28 +154,48 @@ def engine_plans(table: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+def _prefix_tokens(workload: str) -> int:
+    found = re.search(r"prefix=(\d+)", str(workload))
+    return int(found.group(1)) if found else 0
+
+
 def _engine_grades(table: pd.DataFrame) -> list[SourceGrade]:
+    """Per real engine and model: each prefix length's plans, homogeneous over each other
+    plan paired within its repeats; graded at the longest prefix (the paper's 4K-token shape),
+    the line naming the grade at every length (where the effect holds and where not)."""
     grades = []
     predicted = cpu_profile_ratios(table)
+    entries: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in engine_plans(table):
-        mixed = {k: v for k, v in e["ratios"].items() if v[1] == "mixed"}
-        if not mixed:
-            continue
-        largest = max(mixed, key=lambda k: mixed[k][2])  # the paper's "larger mixed batch"
-        parts = []
-        for label, (ratio, plan, size) in sorted(e["ratios"].items(), key=lambda kv: kv[1][2]):
-            sim = predicted.get((e["model"], e["workload"], plan, size))
-            guess = "" if sim is None else f" (cpu profile {times(sim)})"
-            parts.append(f"/ {label} {ratio.text()}{guess}")
-        share = ("" if e["attention_share"] is None
-                 else f"; attention {e['attention_share']:.0%} of a step")
+        if any(v[1] == "mixed" for v in e["ratios"].values()):
+            entries.setdefault((e["engine"], e["model"]), []).append(e)
+    for (_, model), found in entries.items():
+        found.sort(key=lambda e: -_prefix_tokens(e["workload"]))
+        parts, measures, per_length = [], [], []
+        for e in found:
+            mixed = {k: v for k, v in e["ratios"].items() if v[1] == "mixed"}
+            largest = max(mixed, key=lambda k: mixed[k][2])  # the paper's "larger mixed batch"
+            graded = grade_interval(mixed[largest][0], SCALE)
+            per_length.append(graded)
+            ratios = []
+            for label, (ratio, plan, size) in sorted(e["ratios"].items(),
+                                                     key=lambda kv: kv[1][2]):
+                sim = predicted.get((e["model"], e["workload"], plan, size))
+                guess = "" if sim is None else f" (cpu profile {times(sim)})"
+                ratios.append(f"/ {label} {ratio.text()}{guess}")
+                measures.append(Measure(f"{model} {_prefix_tokens(e['workload'])}-token "
+                                        f"prefixes: {e['homogeneous']} / {label}",
+                                        interval=ratio))
+            share = ("" if e["attention_share"] is None
+                     else f"; attention {e['attention_share']:.0%} of a step")
+            parts.append(f"{_prefix_tokens(e['workload']):,}-token prefixes: "
+                         f"{e['homogeneous']} " + ", ".join(ratios) + share + f" - {graded}")
+        flags = [e["flag"] for e in found if e["flag"]]
         grades.append(SourceGrade(
-            e["source"], f"{e['producer']}, {e['model']}",
-            f"{e['homogeneous']} decode-only throughput, paired within {e['repeats']} "
-            "interleaved repeats: " + ", ".join(parts) + share,
-            grade_interval(mixed[largest][0], SCALE), flag=e["flag"],
-            measures=tuple(Measure(f"{e['model']} {e['homogeneous']} / {label}", interval=iv)
-                           for label, (iv, _, _) in e["ratios"].items())))
+            found[0]["source"], f"{found[0]['producer']}, {model}",
+            f"decode-only throughput, paired within {found[0]['repeats']} interleaved "
+            "repeats, graded at the longest prefix: " + "; ".join(parts),
+            per_length[0], flag=flags[0] if flags else None, measures=tuple(measures)))
     return grades
 
 

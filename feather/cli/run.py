@@ -61,21 +61,28 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"feather run: {exc}", file=sys.stderr)
             return 2
     register_model_profiles(args.model_profile)
+    parts = [(args.workload, args.run_prefix), *getattr(args, "more_workloads", [])]
     runs = engine_runs(args.scheduler, args.seed, args.repeats)  # checked against the classes
-    runs = [dataclasses.replace(run, workload=args.workload) for run in runs]
-    workload = load_workload(args.workload)
-    if not workload.requests:
-        raise ValueError(f"workload {args.workload!r} holds no requests: nothing to run")
+    workloads = {}
+    for spec, _ in parts:
+        workloads[spec] = load_workload(spec)
+        if not workloads[spec].requests:
+            raise ValueError(f"workload {spec!r} holds no requests: nothing to run")
+    total = len(runs) * len(parts)
     if args.engine == "sglang":
-        sglang.check_runs(runs, workload, args.workload)
-        groups = sglang.sessions(sglang.setup_from_args(args), runs, workload, say)
+        results = []
+        for spec, prefix in parts:
+            mine = [dataclasses.replace(run, workload=spec) for run in runs]
+            sglang.check_runs(mine, workloads[spec], spec)
+            groups = sglang.sessions(sglang.setup_from_args(args), mine, workloads[spec], say)
+            results += run_all(groups, workloads[spec], out=args.out, run_prefix=prefix,
+                               total=total, say=say)
     else:
         from feather.engines.vllm import runner as vllm
 
-        groups = vllm.sessions(_vllm_setup(args), runs, workload, say)
-    results = run_all(
-        groups, workload, out=args.out, run_prefix=args.run_prefix, total=len(runs), say=say
-    )
+        # one engine start serves every workload of the job (one start per model and options)
+        results = vllm.run_workloads(_vllm_setup(args), runs, parts, workloads, args.out,
+                                     total, say)
     if args.json:
         print(
             json.dumps([{k: v for k, v in s.items() if k != "provenance"} for _, s, _ in results])
@@ -101,7 +108,7 @@ def _apply_job_spec(args: argparse.Namespace) -> None:
     data, where = read_spec(args.spec)
     if not isinstance(data, dict) or data.get("format") != ENGINE_JOB_FORMAT:
         raise ValueError(f"{where}: not an engine job of format {ENGINE_JOB_FORMAT!r}")
-    known = ENGINE_JOB_KEYS | {"format", "schedulers", "options", "model_profile"}
+    known = ENGINE_JOB_KEYS | {"format", "schedulers", "options", "model_profile", "more"}
     unknown, lacking = set(data) - known, {"engine", "workload", "model", "schedulers"} - set(data)
     if unknown or lacking:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}, missing {sorted(lacking)}")
@@ -117,6 +124,14 @@ def _apply_job_spec(args: argparse.Namespace) -> None:
             raise ValueError(f"{where}: {key!r} is not a `feather run` option")
         setattr(args, key, _flag_value(action, value, f"{where}: {key}"))
     args.scheduler = data["schedulers"]
+    more = data.get("more") or []
+    if not isinstance(more, list) or not all(
+            isinstance(m, dict) and set(m) == {"workload", "run_prefix"} for m in more):
+        raise ValueError(f"{where}: more must be a list of {{workload, run_prefix}}")
+    prefixes = [data.get("run_prefix", ""), *(m["run_prefix"] for m in more)]
+    if len(set(prefixes)) != len(prefixes):
+        raise ValueError(f"{where}: every workload of a job needs its own run_prefix")
+    args.more_workloads = [(m["workload"], m["run_prefix"]) for m in more]
     profile = data.get("model_profile")
     if profile is not None:
         if not isinstance(profile, dict):

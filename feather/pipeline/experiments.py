@@ -110,7 +110,9 @@ def user_profile(config: dict[str, Any], kind: str, name: str) -> dict[str, Any]
 
 @dataclass(frozen=True)
 class EngineBatch:
-    """One real-engine job: every scheduler x repeats on one workload, one engine start."""
+    """One real-engine job: every scheduler x repeats on one workload - and on the `more`
+    workloads an entry lists after it - in one engine start (one start per model and
+    options: the start, 30-70 s on a CPU, is paid once)."""
 
     experiment: str
     engine: str
@@ -126,6 +128,8 @@ class EngineBatch:
     mem_mb: int = 0
     runtime: int = 0
     gpus: int = 0
+    # further (workload name, workload spec) the same engine start serves, in order
+    more: tuple[tuple[str, str], ...] = ()
 
     @property
     def out_dir(self) -> str:
@@ -146,20 +150,27 @@ class EngineBatch:
     def run_prefix(self) -> str:
         return f"{self.tag}__"
 
+    def parts(self) -> list[tuple[str, str, str]]:
+        """(workload name, workload spec, run prefix) of every workload the job serves."""
+        suffix = "" if self.attention == "vllm" else f"@{self.attention}"
+        return [(self.workload, self.workload_spec, self.run_prefix)] + [
+            (name, spec, f"{name}{suffix}__") for name, spec in self.more]
+
     @property
     def name(self) -> str:
         return f"{self.engine}_{self.experiment}_{self.tag}".replace("-", "_").replace("@", "_")
 
     def run_dirs(self) -> list[str]:
         return [
-            f"{self.out_dir}/{self.run_prefix}{label}__r{k}"
+            f"{self.out_dir}/{prefix}{label}__r{k}"
+            for _, _, prefix in self.parts()
             for k in range(self.repeats)
             for label, _, _ in self.schedulers
         ]
 
     def workload_files(self) -> list[str]:
-        """The workload file the job reads (none for a synthetic spec, built in the job)."""
-        return [] if self.workload_spec.startswith("synthetic:") else [self.workload_spec]
+        """The workload files the job reads (none for a synthetic spec, built in the job)."""
+        return [spec for _, spec, _ in self.parts() if not spec.startswith("synthetic:")]
 
     def inputs(self) -> list[str]:
         """Files the job reads besides the workload: policy tables named in params."""
@@ -182,6 +193,8 @@ class EngineBatch:
             "run_prefix": self.run_prefix,
             "options": dict(self.options),
             "model_profile": user_profile(config, "model_profiles", self.model),
+            "more": [{"workload": spec, "run_prefix": prefix}
+                     for _, spec, prefix in self.parts()[1:]],
         }
 
 
@@ -229,8 +242,9 @@ def load_experiment(path: str | Path) -> Experiment:
     workloads = data["workloads"]
     named = [(f"run template {i}", name) for i, template in enumerate(data["runs"])
              for name in _as_list(template["workload"])]
-    named += [(f"engine_runs entry {i}", entry["workload"])
-              for i, entry in enumerate(data.get("engine_runs") or [])]
+    named += [(f"engine_runs entry {i}", name)
+              for i, entry in enumerate(data.get("engine_runs") or [])
+              for name in _as_list(entry["workload"])]
     for where, name in named:
         if name not in workloads:
             raise ExperimentError(
@@ -543,7 +557,8 @@ def expand_engine_runs(
         if template.get("sweep", "default") == "full" and wanted != "full":
             continue  # the larger real-engine sweeps (config.yaml `engine_runs: {sweep: full}`)
         engine = template["engine"]
-        entry = f"engine_runs entry {i}, {engine} on {template['workload']}"
+        names = _as_list(template["workload"])
+        entry = f"engine_runs entry {i}, {engine} on {', '.join(names)}"
         if engine not in config["engines"]:
             experiment.skipped.append(f"{entry} (engine {engine} is not in config `engines`)")
             continue
@@ -558,13 +573,21 @@ def expand_engine_runs(
             experiment.skipped.append(f"{entry} (device: {wanted_device}; {engine} runs on "
                                       f"{here} here)")
             continue
-        spec = experiment.workloads[template["workload"]].replace("{seed}", "0")
-        try:
-            path = workload_path(spec, template["model"]) or spec  # a synthetic spec: inline
-        except WorkloadSpecError as exc:  # a load= workload: its rate is the simulator's
-            raise ExperimentError(f"{where}: {exc}") from None
-        if spec.partition(":")[0] not in available:
-            experiment.skipped.append(f"{entry} ({spec} data not available)")
+        parts = []
+        for name in names:
+            if name not in experiment.workloads:
+                raise ExperimentError(f"{where}: workload {name!r} is not among the file's "
+                                      f"workloads ({', '.join(experiment.workloads)})")
+            spec = experiment.workloads[name].replace("{seed}", "0")
+            try:
+                path = workload_path(spec, template["model"]) or spec  # synthetic: inline
+            except WorkloadSpecError as exc:  # a load= workload: its rate is the simulator's
+                raise ExperimentError(f"{where}: {exc}") from None
+            if spec.partition(":")[0] not in available:
+                experiment.skipped.append(f"{entry}: {name} ({spec} data not available)")
+                continue
+            parts.append((name, path))
+        if not parts:
             continue
         names = _scheduler_names(template, schedulers)
         chosen = tuple(_engine_scheduler(experiment, name, schedulers) for name in names)
@@ -583,8 +606,9 @@ def expand_engine_runs(
                     engine=engine,
                     hardware=engine_hosts[engine],
                     model=template["model"],
-                    workload=template["workload"],
-                    workload_spec=path,
+                    workload=parts[0][0],
+                    workload_spec=parts[0][1],
+                    more=tuple(parts[1:]),
                     schedulers=chosen,
                     repeats=int(template.get("repeats", 1)),
                     options=tuple(sorted(options.items())),

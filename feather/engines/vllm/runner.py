@@ -562,6 +562,48 @@ def sessions(
     yield VllmSession(setup, setup.max_model_len or required_model_len([workload]), say), runs
 
 
+def run_workloads(
+    setup: EngineSetup,
+    runs: list[EngineRun],
+    parts: list[tuple[str, str]],
+    workloads: dict[str, Workload],
+    out: str | Path,
+    total: int,
+    say: Callable[[str], None],
+) -> list[tuple[EngineRun, dict[str, Any], Path]]:
+    """Every run on every (workload, run prefix) of a job in one engine start: each
+    workload's schedulers and repeats under their own measurement protocol, one after
+    another; the engine is closed once, at the end or on a failure."""
+    from dataclasses import replace
+
+    from feather.engines.session import run_all
+
+    session = VllmSession(setup, setup.max_model_len or required_model_len(
+        list(workloads.values())), say)
+    results: list[tuple[EngineRun, dict[str, Any], Path]] = []
+    try:
+        for spec, prefix in parts:
+            mine = [replace(run, workload=spec) for run in runs]
+            results += run_all([(_KeptOpen(session), mine)], workloads[spec], out=out,
+                               run_prefix=prefix, total=total, say=say)
+    finally:
+        session.close()
+    return results
+
+
+class _KeptOpen:
+    """A session that `run_all` may close after one workload: the next workload reuses it."""
+
+    def __init__(self, session: VllmSession) -> None:
+        self.session = session
+
+    def run(self, run: EngineRun, workload: Workload) -> VllmResult:
+        return self.session.run(run, workload)
+
+    def close(self) -> None:
+        return None
+
+
 def write_vllm_run(result: VllmResult, out_dir: str | Path) -> Path:
     """The run directory, with nvml.parquet beside it where NVML sampled the run."""
     return write_run_dir(
