@@ -717,7 +717,7 @@ def test_the_stop_row_says_where_feather_static_cannot_act() -> None:
 
 def test_c1_on_the_real_engine_is_graded_at_the_longest_prefix_and_names_every_length() -> None:
     rows = []
-    for prefix, homog in ((4096, 200.0), (2048, 160.0), (1024, 100.5)):
+    for prefix, homog in ((4096, 200.0), (2048, 130.0), (1024, 100.5)):
         spec = f"synthetic:groups=4,per_group=8,prefix={prefix},suffix=64"
         rows += [{**r, "workload": spec, "measure_job": f"j{prefix}"}
                  for r in _c1_engine(homog, 100.0, 100.0)]
