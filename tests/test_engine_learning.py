@@ -65,9 +65,13 @@ def test_the_frozen_table_loads_and_runs_held_out_beside_the_baselines(trained) 
         assert evaluation["seeds"] == [9]
         # the protocol's repeats: every scheduler in each, the order rotated per repeat
         runs = evaluation["runs"]
-        assert [(r["seed"], r["repeat"]) for r in runs] == [(9, 0), (9, 1), (9, 2)]
+        assert [(r["seed"], r["repeat"], r["shape"]) for r in runs] == [
+            (9, 0, "heldout0"), (9, 1, "heldout0"), (9, 2, "heldout0")]
+        # every held-out run is a run directory of its own, as an engine job's
+        dirs = job.heldout_dirs(root / "out")
+        assert len(dirs) == 5 * 3 and all((d / "summary.json").is_file() for d in dirs)
         arms = runs[0]["measurement"]["order"]
-        assert len(arms) == 5 and f"{learner} (frozen)" in arms
+        assert len(arms) == 5 and f"{learner}-frozen" in arms
         assert [r["measurement"]["order"] for r in runs] == [rotated(arms, k) for k in range(3)]
         assert all(r["measurement"]["repeat"] == r["repeat"] for r in runs)
         # the ratios' interval over the quiet repeats only (none where every one was busy)

@@ -80,35 +80,50 @@ def _flag(runs: list[dict[str, Any]]) -> str | None:
 
 
 def regime_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (regime, learner): the held-out ratios paired within each quiet repeat
-    (seeds x repeats) with their intervals, whether stopping pays there, what it learned."""
+    """One row per (regime, held-out shape, learner): the held-out ratios paired within each
+    quiet repeat (seeds x repeats) with their intervals, whether stopping pays there, what it
+    learned. A shape the learner never trained on is graded as its own row."""
     rows = []
-    for report in reports:
-        learner = report["training"]["learner"]
-        quiet = _quiet(report)
-        policy = report["training"].get("policy", {})
-        learned = lambda r: r["learned_tok_s"]  # noqa: E731
-        pays = _ratio_interval(quiet, lambda r: r["baselines_tok_s"]["feather-static"],
-                               lambda r: r["baselines_tok_s"]["feather-nostop"])
-        rows.append({
-            "regime": report["regime"], "learner": learner,
-            "stop_pays": holds_interval(pays, STOP_PAYS), "static_vs_nostop": pays,
-            "vs_nostop": _ratio_interval(quiet, learned,
-                                         lambda r: r["baselines_tok_s"]["feather-nostop"]),
-            "vs_fcfs": _ratio_interval(quiet, learned, lambda r: r["baselines_tok_s"]["fcfs"]),
-            "vs_best": _ratio_interval(quiet, learned,
-                                       lambda r: max(r["baselines_tok_s"].values())),
-            "seeds": report["evaluation"]["seeds"],
-            "repeats": len(report["evaluation"]["runs"]),
-            "disturbed": len(report["evaluation"]["runs"]) - len(quiet),
-            "flag": _flag(report["evaluation"]["runs"]),
-            "states": report["training"]["states"],
-            "stop_states": sum(1 for e in policy.values() if e["action"] == "STOP"),
-            "updates": (report["training"]["history"] or [{}])[-1].get("updates", 0),
-            "converged": (report["training"].get("convergence") or {}).get("actions_converged"),
-            "k": (report["training"].get("convergence") or {}).get("k"),
-        })
+    for whole in reports:
+        shapes = dict.fromkeys(r.get("shape", "") for r in whole["evaluation"]["runs"])
+        for shape in shapes:
+            report = {**whole, "evaluation": {**whole["evaluation"], "runs": [
+                r for r in whole["evaluation"]["runs"] if r.get("shape", "") == shape]}}
+            rows.append(_row(report, shape))
     return rows
+
+
+def _row(report: dict[str, Any], shape: str) -> dict[str, Any]:
+    """The row of one report's runs on one held-out shape."""
+    learner = report["training"]["learner"]
+    quiet = _quiet(report)
+    policy = report["training"].get("policy", {})
+    runs = report["evaluation"]["runs"]
+
+    def learned(run: dict[str, Any]) -> float:
+        return run["learned_tok_s"]
+
+    def baseline(name: str) -> Any:
+        return lambda run: run["baselines_tok_s"][name]
+
+    pays = _ratio_interval(quiet, baseline("feather-static"), baseline("feather-nostop"))
+    return {
+        "regime": report["regime"] + (f" / {shape}" if shape else ""), "learner": learner,
+        "stop_pays": holds_interval(pays, STOP_PAYS), "static_vs_nostop": pays,
+        "vs_nostop": _ratio_interval(quiet, learned, baseline("feather-nostop")),
+        "vs_fcfs": _ratio_interval(quiet, learned, baseline("fcfs")),
+        "vs_best": _ratio_interval(quiet, learned,
+                                   lambda run: max(run["baselines_tok_s"].values())),
+        "seeds": report["evaluation"]["seeds"],
+        "repeats": len(runs),
+        "disturbed": len(runs) - len(quiet),
+        "flag": _flag(runs),
+        "states": report["training"]["states"],
+        "stop_states": sum(1 for e in policy.values() if e["action"] == "STOP"),
+        "updates": (report["training"]["history"] or [{}])[-1].get("updates", 0),
+        "converged": (report["training"].get("convergence") or {}).get("actions_converged"),
+        "k": (report["training"].get("convergence") or {}).get("k"),
+    }
 
 
 def criteria(row: dict[str, Any]) -> list[tuple[str, Interval | None, float, str]]:

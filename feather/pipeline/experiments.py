@@ -275,11 +275,16 @@ def _resolved_engine_training(section: dict[str, Any] | None) -> dict[str, Any] 
     """`engine_training` with each regime's `{l2_prefix}` filled in for this machine."""
     if section is None:
         return None
-    regimes = {
-        name: {**regime, **{key: resolve_host_placeholders(regime[key])
-                            for key in ("workload", "eval_workload") if key in regime}}
-        for name, regime in section["regimes"].items()
-    }
+    regimes = {}
+    for name, regime in section["regimes"].items():
+        resolved = {**regime, "workload": [resolve_host_placeholders(spec)
+                                           for spec in _as_list(regime["workload"])]}
+        held_out = regime.get("eval_workload", resolved["workload"])
+        if not isinstance(held_out, dict):
+            held_out = {f"heldout{i}": spec for i, spec in enumerate(_as_list(held_out))}
+        resolved["eval_workload"] = {shape: resolve_host_placeholders(spec)
+                                     for shape, spec in held_out.items()}
+        regimes[name] = resolved
     return {**section, "regimes": regimes}
 
 
@@ -496,11 +501,11 @@ def engine_training_jobs(
     for name, regime in section["regimes"].items():
         _check_names(f"{where}.regimes.{name}", "model", [regime["model"]], model_names())
         for key in ("workload", "eval_workload"):
-            if key in regime:
-                _check_workload(f"{where}.regimes.{name}.{key}", regime[key])
-                if "{seed}" not in regime[key]:
+            for spec in _as_list(regime[key]) if key == "workload" else regime[key].values():
+                _check_workload(f"{where}.regimes.{name}.{key}", spec)
+                if "{seed}" not in spec:
                     raise ExperimentError(f"{where}.regimes.{name}.{key}: no {{seed}} in "
-                                          f"{regime[key]!r}: every seed would be one workload")
+                                          f"{spec!r}: every seed would be one workload")
         options = dict(regime["options"] or {})
         if isinstance(options.get("attention"), list):
             raise ExperimentError(f"{where}.regimes.{name}: one attention backend per regime")
@@ -509,15 +514,31 @@ def engine_training_jobs(
             "regime": name,
             "setup": {"model": regime["model"], **options},
             "learners": list(section["learners"]),
-            "train_workloads": [regime["workload"]],
+            "train_workloads": [_seeded_file(t, regime["model"])
+                                for t in _as_list(regime["workload"])],
             "train_seeds": list(section["train_seeds"]),
-            "eval_workloads": [regime.get("eval_workload", regime["workload"])],
+            "eval_workloads": [_seeded_file(t, regime["model"])
+                               for t in regime["eval_workload"].values()],
+            "eval_names": list(regime["eval_workload"]),
             "eval_seeds": list(section["eval_seeds"]),
             "params": {k: v for k, v in (section.get("params") or {}).items()},
             "baselines": list(BASELINES),
             "eval_repeats": int(section.get("eval_repeats", EVAL_REPEATS)),
         }
     return {f"results/{engine_hosts[engine]}/{engine}/{experiment.name}": specs}
+
+
+SEED_MARK = "SEEDMARK0"  # survives `slug`: where a seeded spec's file name holds its seed
+
+
+def _seeded_file(template: str, model: str) -> str:
+    """A `{seed}` workload template as the engine trainer reads it: a synthetic spec as it is,
+    a built kind (L-Eval) as the template of its built file's path, `{seed}` in the name (the
+    workload rule builds each seed's file; feather.engines.vllm.learning.workload_files)."""
+    if template.startswith("synthetic:"):
+        return template
+    path = workload_path(template.replace("{seed}", SEED_MARK), model)
+    return str(path).replace(SEED_MARK, "{seed}")
 
 
 def _check_params(where: str, scheduler_class: str, params: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ DEFAULT_VARIANT = "default"
 # An engine job that has no entry of its own (a new experiment entry): the table's fallback
 # for its device.
 ENGINE_FALLBACK = {"cpu": "engine_cpu"}
+LEARNER_JOB = "train_learner_engine"  # the learners trained in a real engine, per regime
 
 
 class JobTimesError(ValueError):
@@ -87,6 +88,8 @@ def entry(job: str, variant: str = DEFAULT_VARIANT, table: dict[str, Any] | None
     name = job
     if name not in jobs and job.startswith("engine_") and job not in ENGINE_FALLBACK.values():
         name = ENGINE_FALLBACK["cpu"]  # a CPU engine job not measured yet
+    if name not in jobs and job.startswith(f"{LEARNER_JOB}_"):
+        name = LEARNER_JOB  # an engine-trained regime not measured on its own
     if name not in jobs:
         raise JobTimesError(f"workflow/job_times.yaml has no entry for job {job!r}: add its "
                             "expected minutes and the command that measured them")

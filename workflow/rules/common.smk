@@ -217,13 +217,22 @@ def engine_rl_reports():
             for regime in regimes for learner in ENGINE_TRAIN_LEARNERS]
 
 
+def engine_heldout_summaries():
+    """Every held-out run of the engine-trained learners: runs of the summary table."""
+    from feather.engines.vllm.learning import EngineTraining
+
+    return [f"{d}/summary.json" for root, regimes in ENGINE_TRAIN_SPECS.items()
+            for spec in regimes.values()
+            for d in EngineTraining.from_json(spec).heldout_dirs(root)]
+
+
 def sim_spec(wildcards):
     return SIM_SPECS[f"results/{wildcards.hardware}/sim/{wildcards.experiment}/{wildcards.run}"]
 
 
 def summary_paths():
     engine_runs = [d for batch in ENGINE_BATCHES for d in batch.run_dirs()]
-    return [f"{out}/summary.json" for out in [*RUNS, *engine_runs]]
+    return [f"{out}/summary.json" for out in [*RUNS, *engine_runs]] + engine_heldout_summaries()
 
 
 def rl_reports():

@@ -3,6 +3,7 @@
 # and the transfer table a real engine deploys (results/<hw>/sim/rl-transfer/..., trained on
 # the simulator with that engine's limits; the real engine's runs are its evaluation).
 from feather.pipeline.job_times import runtime as job_runtime  # minutes: workflow/job_times.yaml
+from feather.engines.vllm.learning import EngineTraining
 
 
 rule train_learner:
@@ -38,39 +39,42 @@ rule train_learner:
 # table and report under results/<hw>/<engine>/<experiment>/<learner>/<regime>/. Like an
 # engine job it takes every core (its measured steps are the reward), and a failure leaves a
 # record in each output it did not write (feather/pipeline/job_status.py).
-rule train_learner_engine:
-    output:
-        policies=expand("results/{{hardware}}/{{engine}}/{{experiment}}/{learner}/{{regime}}/policy.json",
-                        learner=ENGINE_TRAIN_LEARNERS),
-        reports=expand("results/{{hardware}}/{{engine}}/{{experiment}}/{learner}/{{regime}}/report.json",
-                       learner=ENGINE_TRAIN_LEARNERS),
-    params:
-        feather=FEATHER,
-        code=RUN_CODE,
-        spec=lambda wc: json.dumps(
-            ENGINE_TRAIN_SPECS[f"results/{wc.hardware}/{wc.engine}/{wc.experiment}"][wc.regime],
-            sort_keys=True,
-        ),
-        out=lambda wc: f"results/{wc.hardware}/{wc.engine}/{wc.experiment}",
-        job_status=JOB_STATUS,
-        job=lambda wc: f"train_learner_engine_{wc.regime}",
-        claim=lambda wc: EXPERIMENTS[wc.experiment].claim,
-        neighbours=neighbour_cores,
-    log:
-        "logs/{experiment}/{hardware}/{engine}-{regime}.log",
-    wildcard_constraints:
-        hardware="[^/]+",
-        engine="vllm",
-        experiment="[^/]+",
-        regime="|".join(ENGINE_TRAIN_REGIMES) or "no-regimes",
-    threads: measuring_cores  # one engine thread (the regimes' `threads: 1`)
-    priority: 1  # the measuring jobs run one after another: start the chain early
-    resources:
-        runtime=job_runtime("train_learner_engine"),
-        mem_mb=6000,
-        **MEASURES_TIME,
-    shell:
-        "(FEATHER_NEIGHBOUR_CORES={params.neighbours} "
-        "{params.feather} train-engine --spec {params.spec:q} --out {params.out:q} --quiet) "
-        "> {log:q} 2>&1 || {params.job_status} --job {params.job} --claim {params.claim:q} "
-        "--log {log:q} --exit-code $? {output:q}"
+for _root, _regimes in ENGINE_TRAIN_SPECS.items():
+    for _regime, _spec in _regimes.items():
+        _job = EngineTraining.from_json(_spec)
+
+        rule:
+            name:
+                f"train_learner_engine_{_regime}"
+            input:
+                # the built workloads it reads (L-Eval documents; synthetic ones are built in
+                # the job)
+                _job.workload_files(),
+            output:
+                policies=[str(_job.policy_path(_root, learner)) for learner in _job.learners],
+                reports=[str(_job.report_path(_root, learner)) for learner in _job.learners],
+                # every held-out run, a run directory of the summary table (as an engine job's)
+                heldout=[f"{d}/summary.json" for d in _job.heldout_dirs(_root)],
+            params:
+                feather=FEATHER,
+                code=RUN_CODE,
+                # a function: the spec's `{seed}` templates are not wildcards
+                spec=lambda wc, spec=json.dumps(_spec, sort_keys=True): spec,
+                out=_root,
+                job_status=JOB_STATUS,
+                job=f"train_learner_engine_{_regime}",
+                claim=EXPERIMENTS[Path(_root).name].claim,
+                neighbours=neighbour_cores,
+            log:
+                f"logs/{Path(_root).name}/{Path(_root).parts[1]}/{Path(_root).parts[2]}-{_regime}.log",
+            threads: measuring_cores  # one engine thread (the regimes' `threads: 1`)
+            priority: 1  # the measuring jobs run one after another: start the chain early
+            resources:
+                runtime=job_runtime(f"train_learner_engine_{_regime}"),
+                mem_mb=6000,
+                **MEASURES_TIME,
+            shell:
+                "(FEATHER_NEIGHBOUR_CORES={params.neighbours} "
+                "{params.feather} train-engine --spec {params.spec:q} --out {params.out:q} --quiet) "
+                "> {log:q} 2>&1 || {params.job_status} --job {params.job} --claim {params.claim:q} "
+                "--log {log:q} --exit-code $? {output:q}"

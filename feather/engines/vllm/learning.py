@@ -69,10 +69,19 @@ class EngineTraining:
     params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per learner
     baselines: tuple[str, ...] = BASELINES
     eval_repeats: int = EVAL_REPEATS
+    # a short name per held-out workload (run directories, the page's lines); default heldout<i>
+    eval_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.eval_repeats < 1:
             raise ValueError(f"{self.regime}: eval_repeats must be at least 1")
+        if not self.eval_names:
+            object.__setattr__(self, "eval_names",
+                               tuple(f"heldout{i}" for i in range(len(self.eval_workloads))))
+        if len(self.eval_names) != len(self.eval_workloads) or len(
+                set(self.eval_names)) != len(self.eval_names):
+            raise ValueError(f"{self.regime}: one distinct name per held-out workload, got "
+                             f"{list(self.eval_names)} for {len(self.eval_workloads)}")
         unknown = [name for name in self.learners if name not in LEARNERS]
         if not self.learners or unknown:
             raise ValueError(f"{self.regime}: learners must be some of {', '.join(LEARNERS)}, "
@@ -93,7 +102,8 @@ class EngineTraining:
         if data.get("format") != ENGINE_TRAIN_FORMAT:
             raise ValueError(f"{where}: not of format {ENGINE_TRAIN_FORMAT!r}")
         known = {"format", "regime", "setup", "learners", "train_workloads", "train_seeds",
-                 "eval_workloads", "eval_seeds", "params", "baselines", "eval_repeats"}
+                 "eval_workloads", "eval_seeds", "params", "baselines", "eval_repeats",
+                 "eval_names"}
         if set(data) - known:
             raise ValueError(f"{where}: unknown keys {sorted(set(data) - known)}")
         return cls(
@@ -107,6 +117,7 @@ class EngineTraining:
             params=dict(data.get("params") or {}),
             baselines=tuple(data.get("baselines", BASELINES)),
             eval_repeats=int(data.get("eval_repeats", EVAL_REPEATS)),
+            eval_names=tuple(data.get("eval_names", ())),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -115,13 +126,34 @@ class EngineTraining:
                 "train_seeds": list(self.train_seeds),
                 "eval_workloads": list(self.eval_workloads), "eval_seeds": list(self.eval_seeds),
                 "params": self.params, "baselines": list(self.baselines),
-                "eval_repeats": self.eval_repeats}
+                "eval_repeats": self.eval_repeats, "eval_names": list(self.eval_names)}
+
+    def workload_files(self) -> list[str]:
+        """The built workload files the job reads (a built kind's template per seed; a
+        synthetic spec is built in the job): what the workflow makes before it."""
+        files = [workload_for_seed(t, s) for t in self.train_workloads for s in self.train_seeds]
+        files += [workload_for_seed(t, s) for t in self.eval_workloads for s in self.eval_seeds]
+        return sorted({f for f in files if not f.startswith("synthetic:")})
 
     def policy_path(self, out: str | Path, learner: str) -> Path:
         return Path(out) / learner / self.regime / "policy.json"
 
     def report_path(self, out: str | Path, learner: str) -> Path:
         return Path(out) / learner / self.regime / "report.json"
+
+    def arm_labels(self) -> list[str]:
+        """The held-out evaluation's schedulers: the baselines, then each frozen learner."""
+        return [*self.baselines, *(f"{learner}-frozen" for learner in self.learners)]
+
+    def heldout_dirs(self, out: str | Path) -> list[Path]:
+        """Every held-out run's directory (a run of the summary table, as an engine job's):
+        <out>/<regime>-<shape name>__<scheduler>__r<k>, k counting seeds x repeats."""
+        return [self.heldout_dir(out, name, label, k)
+                for name in self.eval_names for label in self.arm_labels()
+                for k in range(len(self.eval_seeds) * self.eval_repeats)]
+
+    def heldout_dir(self, out: str | Path, name: str, label: str, k: int) -> Path:
+        return Path(out) / f"{self.regime}-{name}__{label}__r{k}"
 
 
 def run_training(job: EngineTraining, out: str | Path,
@@ -228,28 +260,39 @@ def _evaluate(session: VllmSession, job: EngineTraining, out: str | Path, worklo
     (workload, seed, repeat), with each scheduler's throughput and measurement record."""
     rows: list[dict[str, Any]] = []
     arms = [(name, name, {}) for name in job.baselines] + [
-        (f"{learner} (frozen)", learner, {**job.params.get(learner, {}), "frozen": True,
-                                          "policy_file": str(job.policy_path(out, learner))})
+        (f"{learner}-frozen", learner, {**job.params.get(learner, {}), "frozen": True,
+                                        "policy_file": str(job.policy_path(out, learner))})
         for learner in job.learners]
-    for seed in job.eval_seeds:
+    names = dict(zip(job.eval_workloads, job.eval_names, strict=True))
+    for seed_index, seed in enumerate(job.eval_seeds):
         for template in job.eval_workloads:
             spec = workload_for_seed(template, seed)
             workload = workloads.get(spec)
 
             def measure(arm: tuple[str, str, dict[str, Any]], repeat: int,
-                        spec: str = spec, workload: Any = workload, seed: int = seed) -> dict:
+                        spec: str = spec, workload: Any = workload, seed: int = seed,
+                        template: str = template) -> Any:
                 label, cls, params = arm
-                summary = session.run(EngineRun(spec, label, cls, params, seed, repeat),
-                                      workload).summary
-                say(f"{job.regime}: held out seed {seed} r{repeat}: {label} "
-                    f"{summary['output_tok_s']:,.1f} tok/s")
-                return summary
+                result = session.run(EngineRun(spec, label, cls, params, seed, repeat),
+                                     workload)
+                say(f"{job.regime}: held out {names[template]} seed {seed} r{repeat}: {label} "
+                    f"{result.summary['output_tok_s']:,.1f} tok/s")
+                return result
 
-            def keep(outcome: RepeatOutcome, template: str = template, seed: int = seed) -> None:
+            def keep(outcome: RepeatOutcome, template: str = template, seed: int = seed,
+                     first: int = seed_index * job.eval_repeats) -> None:
                 labels = [arm[0] for arm in outcome.order]
-                summaries = dict(zip(labels, outcome.values, strict=True))
+                for label, result, record in zip(labels, outcome.values, outcome.records,
+                                                 strict=True):
+                    # a run directory of its own: the summary table's, as an engine job's
+                    result.summary["measurement"] = record
+                    result.write(job.heldout_dir(out, names[template], label,
+                                                 first + outcome.repeat))
+                summaries = {label: result.summary
+                             for label, result in zip(labels, outcome.values, strict=True)}
                 rows.append({
-                    "workload": template, "seed": seed, "repeat": outcome.repeat,
+                    "workload": template, "shape": names[template], "seed": seed,
+                    "repeat": first + outcome.repeat,
                     "tok_s": {k: v["output_tok_s"] for k, v in summaries.items()},
                     "stop_decisions": {k: v["decisions_stop"] for k, v in summaries.items()},
                     "mean_distinct_groups": {k: v["mean_distinct_groups"]
@@ -259,8 +302,9 @@ def _evaluate(session: VllmSession, job: EngineTraining, out: str | Path, worklo
                 })
 
             protocol = MeasuringProtocol(
-                f"{out}/{job.regime}/held-out/{template}@{seed}", label=lambda arm: arm[0],
-                describe=lambda summary: {"output_tok_s": summary["output_tok_s"]}, say=say)
+                f"{out}/{job.regime}-{names[template]}@{seed}", label=lambda arm: arm[0],
+                describe=lambda result: {"output_tok_s": result.summary["output_tok_s"]},
+                say=say)
             protocol.run(arms, job.eval_repeats, measure, keep)
     return rows
 
@@ -268,22 +312,23 @@ def _evaluate(session: VllmSession, job: EngineTraining, out: str | Path, worklo
 def _learner_evaluation(runs: list[dict[str, Any]], learner: str) -> dict[str, Any]:
     """One learner's held-out ratios: to feather-static (`ratio`, as the simulator's reports),
     to FCFS, to Feather without STOP and to the best baseline that stops or not."""
-    label = f"{learner} (frozen)"
+    label = f"{learner}-frozen"
     rows = []
     for run in runs:
         tok = run["tok_s"]
         learned = tok[label]
-        row = {"workload": run["workload"], "seed": run["seed"],
+        row = {"workload": run["workload"], "shape": run.get("shape", run["workload"]),
+               "seed": run["seed"],
                "repeat": run.get("repeat", 0), "disturbed": run.get("disturbed"),
                "learned_tok_s": learned,
-               "baselines_tok_s": {k: v for k, v in tok.items() if not k.endswith("(frozen)")},
+               "baselines_tok_s": {k: v for k, v in tok.items() if not k.endswith("-frozen")},
                "stop_decisions": run["stop_decisions"][label],
                "mean_distinct_groups": run["mean_distinct_groups"][label],
                "measurement": (run.get("measurement") or {}).get(label)}
         for key, base in (("ratio", "feather-static"), ("ratio_to_fcfs", "fcfs"),
                           ("ratio_to_nostop", "feather-nostop")):
             row[key] = learned / tok[base] if tok.get(base) else None
-        best = max(v for k, v in tok.items() if not k.endswith("(frozen)"))
+        best = max(v for k, v in tok.items() if not k.endswith("-frozen"))
         row["ratio_to_best_baseline"] = learned / best
         rows.append(row)
     keys = ("ratio", "ratio_to_fcfs", "ratio_to_nostop", "ratio_to_best_baseline")
