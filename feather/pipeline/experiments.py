@@ -499,10 +499,12 @@ def engine_training_jobs(
         return {}
     specs = {}
     for name, regime in section["regimes"].items():
+        if regime.get("sweep", "default") == "full" and wanted != "full":
+            continue  # a regime of the full sweep (config.yaml `engine_runs: {sweep: full}`)
         _check_names(f"{where}.regimes.{name}", "model", [regime["model"]], model_names())
         for key in ("workload", "eval_workload"):
             for spec in _as_list(regime[key]) if key == "workload" else regime[key].values():
-                _check_workload(f"{where}.regimes.{name}.{key}", spec)
+                _check_workload(f"{where}.regimes.{name}.{key}", spec.replace("{seed}", "0"))
                 if "{seed}" not in spec:
                     raise ExperimentError(f"{where}.regimes.{name}.{key}: no {{seed}} in "
                                           f"{spec!r}: every seed would be one workload")
@@ -528,7 +530,7 @@ def engine_training_jobs(
     return {f"results/{engine_hosts[engine]}/{engine}/{experiment.name}": specs}
 
 
-SEED_MARK = "SEEDMARK0"  # survives `slug`: where a seeded spec's file name holds its seed
+SEED_MARK = "9876543210123"  # a valid seed, unlike any other: where a file name holds it
 
 
 def _seeded_file(template: str, model: str) -> str:
