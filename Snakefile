@@ -49,3 +49,22 @@ rule all:
 
 onsuccess:
     report_time_budget(WORKFLOW_START)
+
+
+# A job crashed: the verdicts page is still written, from what finished, and names the jobs
+# that failed (feather/pipeline/failed_run.py); never the previous run's page, unmarked.
+onerror:
+    from feather.pipeline.failed_run import write_failed_run
+
+    write_failed_run(  # the verdicts rule's inputs (workflow/rules/figures.smk)
+        log,
+        WORKFLOW_START,
+        summaries=summary_paths() + config.get("extra_runs", []),
+        guarded=GUARDED_OUTPUTS,
+        not_planned=NOT_PLANNED,
+        overhead=OVERHEAD_TARGETS[:1],
+        kernel_files=(KERNEL_RESULTS + CPU_ATTN_RESULTS) if KERNEL_SWEEP != "off" else [],
+        fidelity=FIDELITY_TARGETS[:1],
+        online_files=[f"{job.out_dir}/online.json" for job in ONLINE_JOBS],
+        rl_reports=rl_reports(),
+    )

@@ -118,7 +118,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     rows = pd.read_parquet(args.bench)
     model = get_model(args.model or load_spec(args.spec).get("model", "llama-3.1-8b"))
     hardware = [get_hardware(h) for h in args.hardware]
-    cpu_step = report.measured_cpu_step_s(Path(p) for p in args.vllm_trace)
+    traces, failed_runs = report.finished_traces(Path(p) for p in args.vllm_trace)
+    for run in failed_runs:  # a failed job's run: no trace, a failure record as its summary
+        _progress(f"vLLM trace of {run['path']} skipped: {run['job']} failed: {run['reason']}")
+    cpu_step = report.measured_cpu_step_s(traces)
     speedups = report.speedups(rows)
     spec = load_spec(args.spec)
     output_tokens = args.output_tokens or int(spec.get("output_tokens", 128))
@@ -130,7 +133,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             frame.to_parquet(tmp, index=False)
     record = Path(args.bench).with_suffix(".json")  # absent for a table assembled by hand
     skipped = json.loads(record.read_text()).get("skipped", []) if record.exists() else []
-    text = report.markdown(rows, speedups, fractions, model.name, cpu_step, skipped)
+    text = report.markdown(rows, speedups, fractions, model.name, cpu_step, skipped, failed_runs)
     write_text_atomic(out / "overhead.md", text)
     draw_all(rows, speedups, fractions, Path(args.figures_dir))
     print(text)

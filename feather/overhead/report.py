@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from feather.models import ModelProfile
 from feather.overhead.scenario import Case
+from feather.pipeline.job_status import describe, failure
 from feather.sim.batch_step import BatchStep, SeqStep
 from feather.sim.cost import step_cost
 from feather.sim.hardware import HardwareProfile
@@ -93,6 +95,20 @@ def decode_batch(case: Case) -> BatchStep:
 
 def simulated_step_s(model: ModelProfile, hw: HardwareProfile, case: Case) -> float:
     return step_cost(model, hw, decode_batch(case), "paged").time_s
+
+
+def finished_traces(traces: Iterable[Path]) -> tuple[list[Path], list[dict[str, Any]]]:
+    """(the traces of runs that finished, a failure record per run that did not): a real
+    vLLM job that failed leaves a record as its run's summary.json and no trace
+    (feather/pipeline/job_status.py), and the report goes on with the others."""
+    kept, failed = [], []
+    for trace in map(Path, traces):
+        record = failure(trace.with_name("summary.json"))
+        if record is None:
+            kept.append(trace)
+        else:
+            failed.append({**record, "path": str(trace.parent)})
+    return kept, failed
 
 
 def measured_cpu_step_s(traces: Iterable[Path]) -> float | None:
@@ -174,8 +190,10 @@ def markdown(
     model: str,
     cpu_step_s: float | None,
     skipped: Sequence[str] = (),
+    failed_runs: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The experiment's numbers as the closing note and figures/ours.md want them."""
+    """The experiment's numbers as the closing note and figures/ours.md want them;
+    `failed_runs`: the real vLLM runs whose job failed (no step measured)."""
     waiting = sorted(rows.waiting.unique())
     prefixes = sorted(rows.prefix_tokens.unique())
     lines = [
@@ -197,6 +215,9 @@ def markdown(
         lines.append("| " + " | ".join([str(name), *(f"{v:,.1f}x" for v in values)]) + " |")
     step_note = (f"vllm-cpu: the median measured decode step of the vllm experiment, "
                  f"{cpu_step_s * 1e3:.1f} ms" if cpu_step_s else "no vllm-cpu traces given")
+    if failed_runs:
+        jobs = "; ".join(dict.fromkeys(describe(r) for r in failed_runs))
+        step_note += f" ({len(failed_runs)} vllm-cpu run(s) left out, their job failed: {jobs})"
     out_tokens = int(fractions.output_tokens.iloc[0]) if len(fractions) else 0
     lines += [
         "",

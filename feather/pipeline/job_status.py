@@ -12,13 +12,20 @@ which every reader skips (`failed`), and which the verdicts page names. The run 
 non-zero: the last rule (`jobs_check`) lists the failed jobs, removes their records so the
 next run retries them, and fails. Outputs the job did write before it failed (some repeats of
 an engine job) are kept: they are real results.
+
+A run that stops before `jobs_check` (another job crashed) leaves the records behind, and
+Snakemake would take them for finished outputs; so each run, when its Snakefile is parsed,
+removes the records it finds (`retry_failed`), and its plan retries those jobs. A verdicts
+page written after a failed run (feather/pipeline/failed_run.py) carries `FAILED_RUN_MARK`;
+the next parse dates it back, so the `verdicts` rule grades that run's results again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,11 @@ from feather.atomic import write_json_atomic, write_text_atomic
 
 FAILED = "failed"
 REASON_CHARS = 300
+# the first line of a page written after a failed run, and the pages that may carry it
+FAILED_RUN_MARK = "<!-- feather: written after a failed run -->"
+FAILED_RUN_PAGES = ("figures/verdicts.md", "results/verdicts.json")
+# Snakemake's lock files: a run in progress in the same directory
+LOCKS = Path(".snakemake/locks")
 
 
 def reason_from_log(log: Path) -> str:
@@ -76,6 +88,16 @@ def failed(path: str | Path) -> bool:
     return failure(path) is not None
 
 
+def split_finished(paths: Iterable[str | Path]) -> tuple[list[Path], list[dict[str, Any]]]:
+    """(the paths that are not failure records, one record per failed job among the others,
+    with its `path`): what a reader of run outputs reads, and what it says it left out. A
+    missing file is not a record: the reader still complains about it."""
+    paths = [Path(p) for p in paths]
+    records = {p: failure(p) for p in paths}
+    return [p for p in paths if records[p] is None], failures(
+        p for p in paths if records[p] is not None)
+
+
 def failures(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     """One record per failed job (a job with several outputs counts once), in path order."""
     seen: dict[str, dict[str, Any]] = {}
@@ -88,6 +110,50 @@ def failures(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
 
 def describe(record: dict[str, Any]) -> str:
     return f"{record['job']} failed: {record['reason']}, log {record['log']}"
+
+
+def written_after_a_failed_run(path: str | Path) -> bool:
+    """Whether `path` is a page the failed-run handler wrote (`FAILED_RUN_MARK` in it)."""
+    try:
+        with open(path, errors="replace") as f:
+            return FAILED_RUN_MARK in f.read(4096)
+    except OSError:
+        return False
+
+
+def retry_failed(
+    outputs: Iterable[str | Path],
+    main: bool = True,
+    pages: Iterable[str | Path] = FAILED_RUN_PAGES,
+    locks: Path = LOCKS,
+    say: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """At parse time: remove the failure records among `outputs` (the last run stopped
+    before `jobs_check` removed them), so this run's plan, a dry run's too, retries those
+    jobs; and date back a page written after a failed run, so the `verdicts` rule rewrites
+    it. Only in Snakemake's main process (`main`: a cluster job parses the Snakefile again,
+    while its run needs the records) and where no other run holds the directory (its jobs
+    may be reading them). Returns the records removed, one per job."""
+    if not main:
+        return []
+    if locks.is_dir() and any(locks.iterdir()):
+        say(f"feather: another Snakemake run holds this directory ({locks}): failure records "
+            "of the last run are left in place")
+        return []
+    records = [(Path(p), failure(p)) for p in outputs]
+    removed = failures(p for p, r in records if r is not None)
+    for path, record in records:
+        if record is not None:
+            path.unlink(missing_ok=True)
+    for record in removed:
+        say(f"feather: {record['job']} failed in the last run ({record['reason']}): its record "
+            "is removed so this run retries it")
+    page = next((Path(p) for p in pages if str(p).endswith(".md")), None)
+    if page is not None and written_after_a_failed_run(page):
+        for path in map(Path, pages):
+            if path.exists():
+                os.utime(path, (0, 0))  # older than every input: the rule that writes it reruns
+    return removed
 
 
 class FailedJobsError(RuntimeError):

@@ -9,6 +9,9 @@ which the simulator charges separately through `feather.sim.sched_cost`). CPU ti
 wall time: on a shared 2-core machine the wall time of a step includes the time the engine
 waited for a core, which belongs to the other processes, not to the step.
 
+A run directory whose summary.json is a failed job's record (feather/pipeline/job_status.py)
+holds no run: it is left out, and the fit file names it (`left_out`).
+
 Runs whose repeat is in `holdout_repeats` are not fitted; the file reports the fit's
 residuals on them (per step and per run total), and leave-one-workload-out totals (fit on
 the others, predict the one left out) to show how the model carries across shapes.
@@ -37,6 +40,7 @@ from feather.kernels.cache_reuse import (
     trace_cold_kv_tokens,
 )
 from feather.models import get_model
+from feather.pipeline.job_status import describe, failure
 from feather.provenance import collect_provenance, host_facts
 from feather.sim.step_fit import (
     FEATURES,
@@ -58,6 +62,29 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory's summary.json; CalibrationInputError where it is a failed job's
+    record (no run: no provenance, no trace), naming the job and its reason."""
+    path = Path(run_dir) / "summary.json"
+    record = failure(path)
+    if record is not None:
+        raise CalibrationInputError(f"{run_dir}: not a run, {describe(record)}")
+    return json.loads(path.read_text())
+
+
+def finished_run_dirs(run_dirs: Sequence[str | Path]) -> tuple[list[Path], list[str]]:
+    """(the run directories that hold a run, one line per directory a failed job left
+    instead): what a fit or a check reads, and what it says it left out."""
+    kept, left_out = [], []
+    for run_dir in map(Path, run_dirs):
+        record = failure(run_dir / "summary.json")
+        if record is None:
+            kept.append(run_dir)
+        else:
+            left_out.append(f"{run_dir}: {describe(record)}")
+    return kept, left_out
+
+
 def load_run(run_dir: str | Path, rule: ColdRule | None = None) -> dict[str, Any]:
     """One real run: its steps' features and target seconds, and what it was. `rule`: count
     the cold KV tokens by the capacity rule from the trace's shapes
@@ -65,9 +92,10 @@ def load_run(run_dir: str | Path, rule: ColdRule | None = None) -> dict[str, Any
     adjacent count."""
     run_dir = Path(run_dir)
     trace_path, summary_path = run_dir / "trace.parquet", run_dir / "summary.json"
-    if not trace_path.is_file() or not summary_path.is_file():
+    # a failed job's record: CalibrationInputError naming the job, not "no trace"
+    summary = read_summary(run_dir) if summary_path.is_file() else None
+    if summary is None or not trace_path.is_file():
         raise CalibrationInputError(f"{run_dir}: not a run directory (trace.parquet, summary.json)")
-    summary = json.loads(summary_path.read_text())
     provenance = summary["provenance"]
     engine = provenance.get("engine") or {}
     trace = pq.read_table(trace_path).to_pydict()
@@ -149,10 +177,12 @@ def _stack(runs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
 def check_fit(run_dirs: Sequence[str | Path], fits: StepTimeFits) -> dict[str, Any]:
     """How the fit for the runs' model prices real runs it may not have seen: residuals over
     all their steps and each run's summed step time (for drift: this machine's runs against
-    the committed fit)."""
-    runs = [load_run(d) for d in run_dirs]
+    the committed fit). Directories a failed job left are not read (`left_out`)."""
+    finished, left_out = finished_run_dirs(run_dirs)
+    runs = [load_run(d) for d in finished]
     if not runs:
-        raise CalibrationInputError("no run directories given")
+        raise CalibrationInputError(
+            "no run directories given" if not left_out else f"no run finished: {left_out}")
     fit = fits.for_model(_same(runs, "model"), _same(runs, "attention"))
     coef = np.asarray(fit.coefficients, dtype=float)
     x, y = _stack(runs)
@@ -165,6 +195,7 @@ def check_fit(run_dirs: Sequence[str | Path], fits: StepTimeFits) -> dict[str, A
         "run_abs_error_max": errors[-1],
         "fit": fit.source,
         "model": fit.model,
+        **({"left_out": left_out} if left_out else {}),
     }
 
 
@@ -251,7 +282,7 @@ def capacity_rule(
     file: items are one head's K and V of one block in the engine's KV dtype."""
     from feather.workloads.cache_regime import cache_bytes as host_cache_bytes
 
-    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    summary = read_summary(run_dir)
     provenance = summary["provenance"]
     engine = provenance.get("engine") or {}
     config = provenance["config"]
@@ -301,12 +332,15 @@ def calibrate(
     of `cache_bytes` (`capacity_rule`) instead of the engine's adjacent count."""
     if not run_dirs:
         raise CalibrationInputError("no run directories given")
+    finished, left_out = finished_run_dirs(run_dirs)
+    if not finished:
+        raise CalibrationInputError(f"no run finished: {left_out}")
     rule, rule_doc = (
-        capacity_rule(run_dirs[0], cache_bytes, replacement=replacement, cache_level=cache_level)
+        capacity_rule(finished[0], cache_bytes, replacement=replacement, cache_level=cache_level)
         if cold_rule == CAPACITY
         else (None, None)
     )
-    runs = [load_run(d, rule) for d in run_dirs]
+    runs = [load_run(d, rule) for d in finished]
     for key in ("engine", "model", "dtype", "block_size", "device", "cold_measured", "attention"):
         _same(runs, key)
     if runs[0]["device"] != "cpu":
@@ -354,6 +388,7 @@ def calibrate(
             **measure_host_rates(threads),
         },
         "holdout_repeats": list(holdout_repeats),
+        **({"left_out": left_out} if left_out else {}),
         **({"cold_rule": rule_doc} if rule_doc is not None else {}),
         "runs": [
             {

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from feather.pipeline.job_status import describe, failure
 from feather.provenance import collect_provenance
 from feather.workloads.builder import arrival_times
 from feather.workloads.schema import Workload, WorkloadError, WorkloadRequest, compute_statistics
@@ -25,6 +26,9 @@ from feather.workloads.schema import Workload, WorkloadError, WorkloadRequest, c
 def capacity_of(summary_path: str | Path) -> dict[str, Any]:
     """Requests/s of an offline run (all requests at time 0), with where it came from."""
     path = Path(summary_path)
+    record = failure(path)
+    if record is not None:  # a failed job's record (feather/pipeline/job_status.py): no run
+        raise WorkloadError(f"capacity run {path} did not finish: {describe(record)}")
     try:
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -326,7 +326,8 @@ def measuring_cores(wildcards):
     simulations the STOP regime's medians were 3-6% lower (14% in a default run, beside
     workload builds too) and its ratios within 3% of a run alone. The jobs that measure take `MEASURES_TIME` too: profiles/default lets one run at
     a time."""
-    return workflow.cores if config.get("measure_alone") else max(1, workflow.cores - 1)
+    cores = workflow.cores or 1  # None where no --cores is given (--report, --unlock)
+    return cores if config.get("measure_alone") else max(1, cores - 1)
 
 
 MEASURES_TIME = {"measures_time": 1}  # profiles/default: measures_time=1

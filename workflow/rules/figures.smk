@@ -81,7 +81,11 @@ GUARDED_OUTPUTS = (
                                          for m in KERNEL_MACHINES])
     + [f"{job.out_dir}/online.json" for job in ONLINE_JOBS]
     + engine_rl_reports()
+    + engine_heldout_summaries()
 )
+# the last run's failure records (it stopped before jobs_check): removed, so this run retries
+from feather.pipeline.job_status import retry_failed
+retry_failed(GUARDED_OUTPUTS, main=workflow.is_main_process)
 
 
 rule verdicts:
