@@ -337,7 +337,9 @@ def neighbour_cores(wildcards, threads):
     """The cores a measuring job leaves to one other job: what its measurement protocol
     (feather/measuring/quiet.py, $FEATHER_NEIGHBOUR_CORES) accepts other processes using
     before it calls a repeat disturbed and takes it again."""
-    return max(0, (workflow.cores or threads) - threads)
+    if not workflow.cores or not threads:  # no --cores (--report, --unlock): nothing runs
+        return 0
+    return max(0, workflow.cores - threads)
 
 
 def cpu_time_cores(wildcards):
