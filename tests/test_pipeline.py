@@ -565,7 +565,7 @@ def test_dry_run_and_lint_of_the_default_config_are_clean() -> None:
     # kernels (vLLM, torch, Triton, installed from a lock with --no-deps, which a conda file
     # cannot express) name no conda environment (common.smk FEATHER_HERE). Nothing else.
     needs_engines = re.compile(r"engine_(vllm|sglang)_\w+|overhead_bench|kernels_bench(_gpu)?|"
-                               r"cpu_attn_bench|online_\w+|train_learner_engine")
+                               r"cpu_attn_bench|online_\w+|train_learner_engine_\w+")
     blocks = re.split(r"\n(?=Lints for )", text)
     for block in (b for b in blocks if b.startswith("Lints for")):
         rule = re.match(r"Lints for rule (\S+) ", block)

@@ -60,7 +60,8 @@ for _root, _regimes in ENGINE_TRAIN_SPECS.items():
                 code=RUN_CODE,
                 # a function: the spec's `{seed}` templates are not wildcards
                 spec=lambda wc, spec=json.dumps(_spec, sort_keys=True): spec,
-                out=_root,
+                # <out>/<learner>/<regime>/report.json
+                out=lambda wc, output: str(Path(output.reports[0]).parents[2]),
                 job_status=JOB_STATUS,
                 job=f"train_learner_engine_{_regime}",
                 claim=EXPERIMENTS[Path(_root).name].claim,
