@@ -200,6 +200,7 @@ class Harness:
                     "repeats": len(seconds),
                     # every repeat's raw CPU seconds and how it was measured (feather/measuring)
                     "batch_s_by_repeat": seconds,
+                    "disturbed_by_repeat": [bool(r["measurement"]["disturbed"]) for r in runs],
                     "disturbed_repeats": sum(1 for r in runs if r["measurement"]["disturbed"]),
                     "others_cores_max": max(r["measurement"]["activity"]["others_cores"]
                                             for r in runs),

@@ -25,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from feather.measuring.stats import Interval, median_interval
 from feather.models import ModelProfile
 from feather.overhead.scenario import Case
 from feather.pipeline.job_status import describe, failure
@@ -67,13 +68,40 @@ def with_labels(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def speedups(rows: pd.DataFrame, ours: tuple[str, str] = OURS) -> pd.DataFrame:
-    """Per case and baseline: the baseline's time to form a batch over the CHT's."""
+    """Per case and baseline: the baseline's time to form a batch over the CHT's, and - where
+    the bench kept every repeat (feather/measuring) - that ratio paired within each quiet
+    repeat: its median, interval and n (`speedup_paired`, `speedup_low`, `speedup_high`,
+    `speedup_n`)."""
     rows = with_labels(rows)
+    if "batch_s_by_repeat" not in rows:  # a table from before the protocol: medians only
+        rows["batch_s_by_repeat"] = None
     mine = rows[(rows.engine == ours[0]) & (rows.variant == ours[1])]
-    mine = mine.set_index(CASE_COLUMNS)["batch_s"].rename("ours_batch_s")
+    mine = mine.set_index(CASE_COLUMNS)[["batch_s", "batch_s_by_repeat"]].rename(
+        columns={"batch_s": "ours_batch_s", "batch_s_by_repeat": "ours_by_repeat"})
+    if "disturbed_by_repeat" not in rows:
+        rows["disturbed_by_repeat"] = None
     others = rows[rows.engine != ours[0]].join(mine, on=CASE_COLUMNS, how="inner")
     others["speedup"] = others["batch_s"] / others["ours_batch_s"]
-    return others[[*CASE_COLUMNS, "label", "batch_s", "ours_batch_s", "speedup"]]
+    intervals = [_paired(r.batch_s_by_repeat, r.ours_by_repeat, r.disturbed_by_repeat)
+                 for r in others.itertuples()]
+    others["speedup_paired"] = [iv.median if iv else None for iv in intervals]
+    others["speedup_low"] = [iv.low if iv else None for iv in intervals]
+    others["speedup_high"] = [iv.high if iv else None for iv in intervals]
+    others["speedup_n"] = [iv.n if iv else None for iv in intervals]
+    others["speedup_coverage"] = [iv.coverage if iv else None for iv in intervals]
+    return others[[*CASE_COLUMNS, "label", "batch_s", "ours_batch_s", "speedup",
+                   "speedup_paired", "speedup_low", "speedup_high", "speedup_n",
+                   "speedup_coverage"]]
+
+
+def _paired(theirs: Any, ours: Any, disturbed: Any) -> Interval | None:
+    """A baseline's time over the CHT's within each repeat (the workers interleaved in it),
+    the repeats a busy machine disturbed left out."""
+    if theirs is None or ours is None or len(theirs) != len(ours):
+        return None
+    busy = list(disturbed) if disturbed is not None else [False] * len(theirs)
+    return median_interval(t / o for t, o, d in zip(theirs, ours, busy, strict=False)
+                           if o and not d)
 
 
 def decode_batch(case: Case) -> BatchStep:
