@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ REPRODUCED, PARTLY, NOT_REPRODUCED, UNTESTABLE = (
 )
 # a real source whose interval spans a bar: the repeats cannot tell which side it is on
 INCONCLUSIVE = "inconclusive"
+# a real source none of whose repeats was quiet: its numbers are shown, never graded
+UNSTABLE_GRADE = f"{INCONCLUSIVE} (no repeat was quiet)"
 # a "holds" row (not a paper claim: the STOP mechanism, online load) uses these two
 HOLDS, DOES_NOT_HOLD = "holds", "does not hold"
 
@@ -86,6 +88,8 @@ def grade_interval(interval: Interval | None, scale: Scale) -> str:
     else "inconclusive (interval a-b spans the bar B)"."""
     if interval is None:
         return UNTESTABLE
+    if interval.disturbed:
+        return UNSTABLE_GRADE
     sign = 1 if scale.higher_is_better else -1
     noise = scale.none + sign * NOISE * max(abs(scale.none), 1.0)
     worst, best = (interval.low, interval.high) if sign > 0 else (interval.high, interval.low)
@@ -101,6 +105,8 @@ def grade_interval_no_worse(interval: Interval | None, full: float, some: float)
     two bars, else inconclusive."""
     if interval is None:
         return UNTESTABLE
+    if interval.disturbed:
+        return UNSTABLE_GRADE
     low, high = (grade_no_worse(interval.low, full, some),
                  grade_no_worse(interval.high, full, some))
     if low == high:
@@ -113,6 +119,8 @@ def holds_interval(interval: Interval | None, bar: float) -> str:
     lower end reaches it, does not where its upper end stays below, else inconclusive."""
     if interval is None:
         return UNTESTABLE
+    if interval.disturbed:
+        return UNSTABLE_GRADE
     if interval.low >= bar:
         return HOLDS
     if interval.high < bar:
@@ -346,10 +354,15 @@ def ratio_interval(arm: pd.DataFrame, baseline: pd.DataFrame,
     """The arm's runs over the baseline's, from their quiet repeats: paired within each repeat
     where both ran in the same measuring jobs (interleaved in one engine start), else - arms
     of separate engine starts - the unpaired ratio of medians with its wider interval."""
-    arm, baseline = quiet_runs(arm), quiet_runs(baseline)
     arm, baseline = arm[arm[metric].notna()], baseline[baseline[metric].notna()]
     if arm.empty or baseline.empty:
         return None
+    quiet_arm, quiet_baseline = quiet_runs(arm), quiet_runs(baseline)
+    if quiet_arm.empty or quiet_baseline.empty:  # shown over the disturbed repeats, ungraded
+        found = ratio_interval(arm.assign(measure_disturbed=None),
+                               baseline.assign(measure_disturbed=None), metric)
+        return replace(found, disturbed=True) if found else None
+    arm, baseline = quiet_arm, quiet_baseline
     top = pd.Series(arm[metric].to_numpy(), index=pd.MultiIndex.from_arrays(
         [measure_jobs(arm), arm["repeat"]])).groupby(level=[0, 1]).median()
     bottom = pd.Series(baseline[metric].to_numpy(), index=pd.MultiIndex.from_arrays(

@@ -13,6 +13,7 @@ lower end reaches the bar, missed where its upper end stays below, else undecide
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,12 @@ def _quiet(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _ratio_interval(rows: list[dict[str, Any]], numerator, denominator) -> Interval | None:
-    """numerator(row) / denominator(row) paired within each row, median and interval."""
-    return median_interval(numerator(r) / denominator(r) for r in rows if denominator(r))
+    """numerator(row) / denominator(row) paired within each row, median and interval (marked
+    disturbed where every row was)."""
+    found = median_interval(numerator(r) / denominator(r) for r in rows if denominator(r))
+    if found is not None and rows and all(r.get("disturbed") for r in rows):
+        return replace(found, disturbed=True)
+    return found
 
 
 def _flag(runs: list[dict[str, Any]]) -> str | None:
@@ -99,6 +104,8 @@ def _row(report: dict[str, Any], shape: str) -> dict[str, Any]:
     quiet = _quiet(report)
     policy = report["training"].get("policy", {})
     runs = report["evaluation"]["runs"]
+    # no repeat quiet: the ratios are shown over the disturbed ones, never graded
+    quiet = quiet or runs
 
     def learned(run: dict[str, Any]) -> float:
         return run["learned_tok_s"]

@@ -49,11 +49,14 @@ class Interval:
     n: int
     coverage: float
     method: str = METHOD
+    # no repeat was quiet: the interval is over disturbed ones, shown but never graded
+    disturbed: bool = False
 
     def text(self, digits: int = 2, unit: str = "x") -> str:
         """`1.38x [1.35-1.41] (n=9)`; the coverage shown where it is not the nominal 95%:
         `1.38x [1.31-1.45] (n=5, 94% coverage)`."""
         shown = "" if self.coverage >= CONFIDENCE else f", {self.coverage:.0%} coverage"
+        shown += ", every repeat disturbed" if self.disturbed else ""
         return (f"{self.median:.{digits}f}{unit} [{self.low:.{digits}f}-{self.high:.{digits}f}]"
                 f" (n={self.n}{shown})")
 
@@ -63,7 +66,8 @@ class Interval:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Interval:
         return cls(**{k: data[k] for k in ("median", "low", "high", "n", "coverage")},
-                   method=str(data.get("method", METHOD)))
+                   method=str(data.get("method", METHOD)),
+                   disturbed=bool(data.get("disturbed", False)))
 
 
 def median_interval(values: Iterable[float], confidence: float = CONFIDENCE) -> Interval | None:
