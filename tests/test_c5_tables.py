@@ -6,6 +6,8 @@ and every summary must keep the workloads apart."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -84,3 +86,49 @@ def test_a_tie_names_feather_static_not_a_learner_that_made_its_decisions() -> N
                                         "leval min=8000 max=10000": "feather-ucb"}
     assert best["mean"].round(2).to_dict() == {"leval min=1000 max=10000": 3.0,
                                                "leval min=8000 max=10000": 0.6}
+
+
+def test_a_synthetic_family_is_named_by_what_it_sets_less_its_regime() -> None:
+    spec = ("synthetic:groups=128,per_group=8,prefix=6000,suffix=100,suffix_spread=0.9,"
+            "output=32,order=shuffled,seed=2")
+    assert c5t.workload_family(spec) == spec  # its own family: seeds are not pooled
+    assert c5t.family_label(spec) == (
+        "synthetic groups=128 per_group=8 prefix=6000 suffix_spread=0.9")
+    assert c5t.family_label("leval min=1000 max=10000") == "leval min=1000 max=10000"
+    assert c5t.family_label("synthetic:nonsense=1") == "synthetic:nonsense=1"
+
+
+def _with_control(control: float, feather: float) -> pd.DataFrame:
+    rows = []
+    for seed, jitter in ((0, 1.0), (1, 1.1)):
+        for scheduler, tok_s in (("fcfs", 100.0), ("lpm", 100.0), ("dfs-weight", 100.0),
+                                 ("feather-static", feather * jitter),
+                                 ("feather-ucb", feather * 0.5),
+                                 (c5t.CONTROL, control * jitter)):
+            rows.append({**_row(WHOLE, scheduler, tok_s), "order_seed": seed})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize(
+    ("control", "feather", "feather_vs_control", "share"),
+    [(310.0, 300.0, 300 / 310, 1.0),  # the control ahead of Feather: all of the gain is order
+     (102.0, 300.0, 300 / 102, 0.06)],  # the control near FCFS: the gain is prefix awareness
+)
+def test_the_control_splits_feathers_gain_and_never_counts_as_feather(
+        control, feather, feather_vs_control, share) -> None:
+    data = c5t.with_ratios(c5t.offline(_with_control(control, feather), "c5"))
+    assert set(c5t.feather_rows(data).scheduler) == {"feather-static", "feather-ucb"}
+    best = c5t.best_feather(data, "fcfs", ["workload_family"])
+    assert list(best.scheduler) == ["feather-static"]  # never the control, even ahead
+    (row,) = c5t.control_split(data, ["workload_family"]).itertuples()
+    assert row.control_vs_fcfs == pytest.approx(control * 1.05 / 100)
+    assert row.feather_vs_fcfs == pytest.approx(feather * 1.05 / 100)
+    assert row.feather_vs_control == pytest.approx(feather_vs_control)
+    expected = math.log(control * 1.05 / 100) / math.log(feather * 1.05 / 100)
+    assert row.order_share == pytest.approx(expected)
+    assert min(1.0, row.order_share) == pytest.approx(share, abs=0.01)
+
+
+def test_no_control_no_split() -> None:
+    data = c5t.with_ratios(c5t.offline(_two_workloads(), "c5"))
+    assert c5t.control_split(data, ["workload_family"]).empty

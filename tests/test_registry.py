@@ -36,6 +36,7 @@ def test_every_registered_name_builds_its_policy() -> None:
         "fcfs",
         "lpm",
         "dfs-weight",
+        "shortest-prompt",
         "feather-static",
         "feather-nostop",
         "feather-reference",

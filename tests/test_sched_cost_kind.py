@@ -95,6 +95,7 @@ def test_every_registered_scheduler_declares_its_kind() -> None:
         "fcfs": SchedCostKind.FIFO,
         "lpm": SchedCostKind.RADIX_LPM,
         "dfs-weight": SchedCostKind.RADIX_DFS_WEIGHT,
+        "shortest-prompt": SchedCostKind.FIFO,
         "feather-static": SchedCostKind.CHT,
         "feather-nostop": SchedCostKind.CHT,
         "feather-reference": SchedCostKind.CHT,

@@ -10,11 +10,15 @@ one workload family (`workload_family`: the workload without its order, seed and
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields
 from pathlib import PurePath
 
 import pandas as pd
 
 from feather.pipeline.workload_specs import slug_options
+from feather.workloads.schema import WorkloadError
+from feather.workloads.synthetic import SyntheticSpec, is_synthetic, parse_spec
 
 # The workload file is part of the setting: the full sweep's prefix buckets and LongBench-format
 # workloads share every other key with whole L-Eval's seed-0 run (same order, seed, outputs,
@@ -31,6 +35,11 @@ SETTING = [
     "sched_cost_model",  # what the baselines' scheduling is charged (the simulator's runs)
 ]
 BASELINES = ("fcfs", "lpm", "dfs-weight")
+# The prefix-blind control (feather/policies/shortest_prompt.py): shortest prompt first. Not a
+# baseline of the paper and not graded: beside Feather it splits C5's gain over FCFS into what
+# any grouping order gives (control / FCFS) and what prefix awareness adds (Feather / control).
+CONTROL = "shortest-prompt"
+RATIO_BASES = (*BASELINES, CONTROL)
 # a workload's own regime fields, which have their own columns (arrival_order, order_seed,
 # output_regime): left out of its family's name
 _REGIME_OPTIONS = ("order", "seed", "output")
@@ -52,6 +61,24 @@ def workload_family(workload: object) -> str:
     return " ".join([source, *kept])
 
 
+def family_label(family: object) -> str:
+    """A family as a figure or the verdict page names it: a synthetic spec by the keys it
+    sets away from their defaults, less its order, seed and outputs (regime columns); any other
+    family as it is."""
+    text = str(family)
+    if not is_synthetic(text):
+        return text
+    try:
+        spec = parse_spec(text)
+    except WorkloadError:
+        return text
+    default = SyntheticSpec()
+    kept = [f"{f.name}={getattr(spec, f.name)}" for f in fields(spec)
+            if f.name not in ("order", "seed", "output")
+            and getattr(spec, f.name) != getattr(default, f.name)]
+    return " ".join(["synthetic", *kept])
+
+
 def offline(table: pd.DataFrame, experiment: str) -> pd.DataFrame:
     """An experiment's offline runs (all requests at time 0), capacity runs excluded, with
     their `workload_family`."""
@@ -66,7 +93,7 @@ def offline(table: pd.DataFrame, experiment: str) -> pd.DataFrame:
     return data
 
 
-def with_ratios(data: pd.DataFrame, baselines: tuple[str, ...] = BASELINES) -> pd.DataFrame:
+def with_ratios(data: pd.DataFrame, baselines: tuple[str, ...] = RATIO_BASES) -> pd.DataFrame:
     """Each run with `vs_<baseline>`: its output throughput over the baseline's mean in
     the same setting (NaN where the setting has no such baseline)."""
     out = data.copy()
@@ -104,6 +131,34 @@ def best_feather(data: pd.DataFrame, baseline: str, by: list[str]) -> pd.DataFra
     summary = summary.sort_values("scheduler", key=lambda s: s != STATIC, kind="stable")
     best = summary.loc[summary.groupby(by, dropna=False)["mean"].idxmax()]
     return best.reset_index(drop=True)
+
+
+def control_split(data: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per `by` where the control ran (`data` from `with_ratios`): best Feather / FCFS,
+    the control / FCFS (what any grouping order gives) and best Feather / the control (what
+    prefix awareness adds), each a mean over order seeds, and `order_share`: the control's
+    part of Feather's gain over FCFS on a log scale (log control/FCFS over log Feather/FCFS;
+    NaN where Feather gains nothing over FCFS)."""
+    if f"vs_{CONTROL}" not in data or not (data.scheduler == CONTROL).any():
+        return pd.DataFrame()
+    control = ratio_summary(data[data.scheduler == CONTROL], by, "vs_fcfs")
+    control = control.rename(columns={"mean": "control_vs_fcfs"})[[*by, "control_vs_fcfs"]]
+    out = []
+    for baseline, column in (("fcfs", "feather_vs_fcfs"), (CONTROL, "feather_vs_control")):
+        best = best_feather(data, baseline, by)
+        if best.empty:
+            return pd.DataFrame()
+        out.append(best.rename(columns={"mean": column})[[*by, column]])
+    merged = control.merge(out[0], on=by).merge(out[1], on=by)
+
+    def share(row: pd.Series) -> float:
+        gain = math.log(row.feather_vs_fcfs) if row.feather_vs_fcfs > 0 else 0.0
+        if gain <= math.log(1.01) or row.control_vs_fcfs <= 0:
+            return float("nan")
+        return math.log(row.control_vs_fcfs) / gain
+
+    merged["order_share"] = merged.apply(share, axis=1) if len(merged) else []
+    return merged
 
 
 def pool_label(row: pd.Series) -> str:

@@ -21,6 +21,9 @@ _BUILTIN: dict[str, str] = {
     "fcfs": "feather.policies.fcfs:FCFSPolicy",
     "lpm": "feather.policies.lpm:LPMPolicy",
     "dfs-weight": "feather.policies.dfs_weight:DFSWeightPolicy",
+    # a prefix-blind control (C5): shortest prompt first, which groups L-Eval's questions by
+    # accident; a baseline, never Feather (its label must not start with "feather")
+    "shortest-prompt": "feather.policies.shortest_prompt:ShortestPromptPolicy",
     "feather-static": "feather.policies.static_rules:FeatherStaticPolicy",
     "feather-nostop": "feather.policies.static_rules:FeatherNoStopPolicy",
     "feather-reference": "feather.policies.static_rules:FeatherReferencePolicy",

@@ -8,8 +8,11 @@ request's own), output (128), order (shuffled | grouped | interleaved), arrival 
 poisson:RATE | bursts:SIZE:INTERVAL_S), unshared (0.0: fraction of requests made to share
 nothing), spread (0.0: each group's size and document length drawn uniformly within
 +-spread of per_group and prefix - system, so the seed changes the workload's shape, not only
-its token ids and order), vocab (32000), seed (0). Token ids are uniform in [3, vocab) from a seeded
-generator, so the same spec always gives the same workload.
+its token ids and order), suffix_spread (0.0: each request's own suffix length drawn uniformly
+within +-suffix_spread of suffix, so prompt lengths vary within a group and overlap across
+groups: a length order then reveals nothing of the group), vocab (32000), seed (0). Token ids
+are uniform in [3, vocab) from a seeded generator, so the same spec always gives the same
+workload.
 
 A spec whose workload cannot fit in memory is refused before anything is allocated (the
 estimate: `BYTES_PER_TOKEN` per prompt token and `BYTES_PER_REQUEST` per request, measured
@@ -18,6 +21,7 @@ on a build and write of such workloads; see `feather.memory`).
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, fields
 
@@ -54,6 +58,7 @@ class SyntheticSpec:
     arrival: str = "all"
     unshared: float = 0.0
     spread: float = 0.0
+    suffix_spread: float = 0.0
     vocab: int = 32_000
     seed: int = 0
 
@@ -110,6 +115,10 @@ def parse_spec(spec: str) -> SyntheticSpec:
         raise WorkloadError(f"synthetic spec: {exc}") from None
     if not 0.0 <= parsed.spread < 1.0:
         raise WorkloadError(f"synthetic spec spread={parsed.spread}: expected 0 <= spread < 1")
+    if not 0.0 <= parsed.suffix_spread < 1.0:
+        raise WorkloadError(
+            f"synthetic spec suffix_spread={parsed.suffix_spread}: expected 0 <= suffix_spread < 1"
+        )
     return parsed
 
 
@@ -122,7 +131,8 @@ def _options(spec: SyntheticSpec) -> BuildOptions:
 def estimated_bytes(spec: SyntheticSpec) -> int:
     """Peak memory of building the spec's workload (see BYTES_PER_TOKEN)."""
     requests = spec.groups * spec.per_group
-    return requests * ((spec.prefix + spec.suffix) * BYTES_PER_TOKEN + BYTES_PER_REQUEST)
+    longest = spec.prefix + math.ceil(spec.suffix * (1 + spec.suffix_spread))
+    return requests * (longest * BYTES_PER_TOKEN + BYTES_PER_REQUEST)
 
 
 def build_synthetic(spec: SyntheticSpec) -> list[WorkloadRequest]:
@@ -132,8 +142,16 @@ def build_synthetic(spec: SyntheticSpec) -> list[WorkloadRequest]:
     system = rng.integers(3, spec.vocab, size=spec.system, dtype=np.int32)
     shape = random.Random(f"{spec.seed}:spread")  # its own stream: spread=0 changes nothing
 
+    suffixes = random.Random(f"{spec.seed}:suffix")  # its own stream, as `shape`'s
+
     def spread(value: int) -> int:
         return round(value * shape.uniform(1 - spec.spread, 1 + spec.spread))
+
+    def suffix_len() -> int:
+        if not spec.suffix_spread or not spec.suffix:
+            return spec.suffix
+        lo, hi = 1 - spec.suffix_spread, 1 + spec.suffix_spread
+        return max(1, round(spec.suffix * suffixes.uniform(lo, hi)))
 
     groups = []
     for g in range(spec.groups):
@@ -144,7 +162,7 @@ def build_synthetic(spec: SyntheticSpec) -> list[WorkloadRequest]:
         )
         group = []
         for i in range(size):
-            suffix = rng.integers(3, spec.vocab, size=spec.suffix, dtype=np.int32)
+            suffix = rng.integers(3, spec.vocab, size=suffix_len(), dtype=np.int32)
             group.append(
                 WorkloadRequest(
                     request_id=f"synthetic/g{g}/{i}",
