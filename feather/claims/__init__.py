@@ -83,6 +83,6 @@ def report_figures() -> list[str]:
 
 def load_reports(paths: Iterable[str | Path]) -> tuple[dict[str, Any], ...]:
     """The learners' reports; a failed training job's record (job_status) is left out."""
-    from feather.pipeline.job_status import failed
+    from feather.failure_record import failed
 
     return tuple(json.loads(Path(p).read_text()) for p in paths if not failed(Path(p)))

@@ -17,8 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from feather.failure_record import failed
 from feather.measuring.stats import Interval, median_interval, unpaired_ratio_interval
-from feather.pipeline.job_status import failed
 
 REPRODUCED, PARTLY, NOT_REPRODUCED, UNTESTABLE = (
     "reproduced", "partly reproduced", "not reproduced", "not testable here",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from feather.claims.base import Claim, FigureSpec, RunOutputs
-from feather.pipeline.job_status import failed
+from feather.failure_record import failed
 
 
 def figure_ours(figure: str, outputs: RunOutputs) -> str:

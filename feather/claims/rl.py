@@ -227,7 +227,7 @@ def verdict(evidence: Evidence) -> Verdict:
 
 
 def _failed(path: Path) -> bool:
-    from feather.pipeline.job_status import failed
+    from feather.failure_record import failed
 
     return failed(path)
 

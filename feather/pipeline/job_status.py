@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from feather.atomic import write_json_atomic, write_text_atomic
+from feather.failure_record import FAILED, describe, failed, failure  # noqa: F401 (re-exported)
 
-FAILED = "failed"
 REASON_CHARS = 300
 # the first line of a page written after a failed run, and the pages that may carry it
 FAILED_RUN_MARK = "<!-- feather: written after a failed run -->"
@@ -72,22 +72,6 @@ def record_failure(
     return written
 
 
-def failure(path: str | Path) -> dict[str, Any] | None:
-    """The failure record at `path`, or None where the file is a result (or is missing)."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and doc.get("status") == FAILED else None
-
-
-def failed(path: str | Path) -> bool:
-    return failure(path) is not None
-
-
 def split_finished(paths: Iterable[str | Path]) -> tuple[list[Path], list[dict[str, Any]]]:
     """(the paths that are not failure records, one record per failed job among the others,
     with its `path`): what a reader of run outputs reads, and what it says it left out. A
@@ -106,10 +90,6 @@ def failures(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         if record is not None and record["job"] not in seen:
             seen[record["job"]] = {**record, "path": str(path)}
     return list(seen.values())
-
-
-def describe(record: dict[str, Any]) -> str:
-    return f"{record['job']} failed: {record['reason']}, log {record['log']}"
 
 
 def written_after_a_failed_run(path: str | Path) -> bool:

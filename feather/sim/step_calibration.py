@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from feather.atomic import write_json_atomic
 from feather.engines.runs import run_attention
+from feather.failure_record import describe, failure
 from feather.kernels.cache_reuse import (
     CAPACITY,
     LRU,
@@ -40,7 +41,6 @@ from feather.kernels.cache_reuse import (
     trace_cold_kv_tokens,
 )
 from feather.models import get_model
-from feather.pipeline.job_status import describe, failure
 from feather.provenance import collect_provenance, host_facts
 from feather.sim.step_fit import (
     FEATURES,

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from feather.pipeline.job_status import describe, failure
+from feather.failure_record import describe, failure
 from feather.provenance import collect_provenance
 from feather.workloads.builder import arrival_times
 from feather.workloads.schema import Workload, WorkloadError, WorkloadRequest, compute_statistics
