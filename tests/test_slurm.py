@@ -46,7 +46,7 @@ TARGETS = ["results/summary.csv", "results/cpu/kernels/kernels.json", FAILING]
 # measured (and what is computed from them), and provenance (host, time, revision).
 MEASURED = {"wall_s", "sched_cpu_s_measured", "sched_cpu_fraction_of_gpu_time", "sched_cpu_s",
             "median_s", "min_s", "times_s", "plan_s", "bytes_per_s", "tokens_per_s",
-            "host_load_avg_1m"}
+            "host_load_avg_1m", "measurement"}  # measurement: what else ran, the probes
 PROVENANCE = {"provenance", "git_revision", "git_dirty", "feather_version", "config_hash",
               "host_cpu", "python", "started_utc"}
 KERNEL_RATIOS = {"summary"}  # kernels.json: ratios of measured times
