@@ -52,10 +52,10 @@ def test_a_killed_run_unlocks_and_reruns_only_what_did_not_finish(tmp_path) -> N
     assert plan.returncode == 0, plan.stderr[-3000:]
     planned = _outputs(plan.stdout + plan.stderr)
     # 4 runs x 4 files (trace, requests, spec, summary); the table (parquet, csv); the
-    # figure; ours and verdicts, each with its report page; the never-worse cases, and the
-    # benchmark joining them with the table; the last check that no job failed; the figure
-    # index written from feather/claims
-    assert len(planned) == 4 * 4 + 2 + 1 + 2 * 2 + 2 + 1 + 1, sorted(planned)
+    # figure; ours and verdicts, each with its report page, and the verdicts as data; the
+    # never-worse cases, and the benchmark joining them with the table; the last check that no
+    # job failed; the figure index written from feather/claims
+    assert len(planned) == 4 * 4 + 2 + 1 + 2 * 2 + 1 + 2 + 1 + 1, sorted(planned)
 
     # one job at a time; killed (snakemake and its jobs: the whole process group) while the
     # third job runs
