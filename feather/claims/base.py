@@ -398,6 +398,16 @@ def unstable_text(runs: pd.DataFrame) -> str | None:
             f"{int(disturbed.sum())} of {len(disturbed)} repeats (those repeats not graded)")
 
 
+def bench_flag(doc: dict[str, Any]) -> str | None:
+    """A bench document's flag (feather/measuring): its rows' measurement records, one per
+    repeat of each case or kernel, flagged where repeats stayed disturbed."""
+    from feather.measuring.protocol import unstable_flag
+
+    records = [r for row in doc.get("rows") or [] for r in row.get("measurement") or []
+               if isinstance(r, dict)]
+    return unstable_flag(records)
+
+
 # ---- the plausible regime ----
 
 

@@ -26,6 +26,7 @@ from feather.claims.base import (
     Scale,
     SourceGrade,
     Verdict,
+    bench_flag,
     grade,
     grade_interval,
     paired_interval,
@@ -223,6 +224,7 @@ def _kernel_grades(evidence: Evidence) -> list[SourceGrade]:
             f"homogeneous / mixed throughput: {text}",
             grade_interval(intervals[best], SCALE) if intervals[best]
             else grade(entries[best]["homog_throughput_over_mixed_big"], SCALE),
+            flag=bench_flag(doc),
             measures=tuple(
                 Measure(f"{e['implementation']} {e.get('model', '')} {e.get('groups', '')}x"
                         f"{e.get('per_group', '')} "

@@ -79,6 +79,19 @@ def c3(evidence: Evidence) -> Verdict:
     return Verdict("C3", C3_PAPER, sorted_grades(grades), mechanism)
 
 
+def _bench_flag(evidence: Evidence) -> str | None:
+    """The overhead bench's flag: cases whose repeats stayed disturbed, and how busy."""
+    bench = evidence.overhead("bench")
+    if bench is None or "disturbed_repeats" not in bench:
+        return None
+    busy = bench[bench.disturbed_repeats.fillna(0) > 0]
+    if busy.empty:
+        return None
+    return (f"unstable: another process used {busy.others_cores_max.max():.0%} of a core "
+            f"during {int(busy.disturbed_repeats.max())} of {int(busy.repeats.max())} repeats "
+            f"of {len(busy)} of {len(bench)} timed cases (those repeats not graded)")
+
+
 def _speedup_interval(row: pd.Series) -> Interval | None:
     """A speedup row's paired interval (the bench's repeats), where the table has one."""
     if pd.isna(row.get("speedup_low")) or pd.isna(row.get("speedup_n")):
@@ -104,7 +117,7 @@ def c4(evidence: Evidence) -> Verdict:
         grades.append(SourceGrade(
             REAL_CODE, "the CHT and SGLang's DFS-WEIGHT, timed on this CPU",
             f"CHT up to {shown} faster than {top.label} (W={int(top.waiting):,}, "
-            f"P={int(top.prefix_tokens):,})", fast,
+            f"P={int(top.prefix_tokens):,})", fast, flag=_bench_flag(evidence),
             measures=(Measure(f"CHT speedup over {top.label}", interval=interval,
                               value=None if interval else float(top.speedup)),)))
     cheap = None
