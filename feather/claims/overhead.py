@@ -68,15 +68,31 @@ def c3(evidence: Evidence) -> Verdict:
             continue
         best = part.loc[part.fraction.idxmax()]
         per_label = part.groupby("label").fraction.max().sort_values(ascending=False)
+        interval = _fraction_interval(best) if source == REAL_ENGINE else None
+        shown = (f"; the largest {pct(best.fraction)} [{pct(interval.low)}-{pct(interval.high)}]"
+                 " (the bench's repeats against the engine runs' steps, unpaired)"
+                 if interval else "")
         grades.append(SourceGrade(
             source, _where(source),
-            "; ".join(f"{label} up to {pct(v)}" for label, v in per_label.items()),
-            grade(best.fraction, C3_SCALE)))
+            "; ".join(f"{label} up to {pct(v)}" for label, v in per_label.items()) + shown,
+            grade_interval(interval, C3_SCALE) if interval else grade(best.fraction, C3_SCALE),
+            measures=(Measure(f"{best.label} share of a {best.step_on} step",
+                              interval=interval, value=None if interval else best.fraction),)))
         if source == SIM_GPU or mechanism == "n/a":
             mechanism = (f"{best.label} takes {best.sched_s * 1e3:.1f} ms per step at "
                          f"W={int(best.waiting):,}, P={int(best.prefix_tokens):,} against a "
                          f"{best.step_s * 1e3:.1f} ms {best.step_on} decode step")
     return Verdict("C3", C3_PAPER, sorted_grades(grades), mechanism)
+
+
+def _fraction_interval(row: pd.Series) -> Interval | None:
+    """A share of a measured step with its interval, where the report has one."""
+    low, high = row.get("fraction_low"), row.get("fraction_high")
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return None
+    return Interval(float(row.fraction), float(low), float(high),
+                    int(row.get("fraction_n") or 0), float(row.get("fraction_coverage") or 0.0),
+                    "unpaired: the bench's repeats and the engine runs' median steps")
 
 
 def _bench_flag(evidence: Evidence) -> str | None:

@@ -125,7 +125,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     speedups = report.speedups(rows)
     spec = load_spec(args.spec)
     output_tokens = args.output_tokens or int(spec.get("output_tokens", 128))
-    fractions = report.fractions(rows, model, hardware, cpu_step, output_tokens)
+    fractions = report.fractions(rows, model, hardware, cpu_step, output_tokens,
+                                 cpu_step_interval=report.measured_cpu_step_interval(traces))
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in (("speedups", speedups), ("fractions", fractions)):

