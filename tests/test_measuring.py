@@ -98,10 +98,14 @@ def test_a_neighbour_the_job_leaves_a_core_to_is_not_a_disturbance() -> None:
     outcomes = protocol.run(["a", "b"], 2, lambda arm, repeat: 0.0)
     assert [o.attempts for o in outcomes] == [1, 1]
     assert unstable_flag([r for o in outcomes for r in o.records]) is None
-    waited = [activity(wait_share=0.3, neighbour_cores=1.0)]
+    waited = [activity(wait_share=0.3, others_cores=1.1, neighbour_cores=1.0)]
     protocol, _ = _protocol(waited)
     (outcome,) = protocol.run(["a"], 1, lambda arm, repeat: 0.0)
-    assert outcome.attempts == 2  # our own threads waited for a core: oversubscribed
+    assert outcome.attempts == 2  # our working thread waited beside others: oversubscribed
+    alone = [activity(wait_share=0.4)]  # our threads waiting for each other, nobody else
+    protocol, _ = _protocol(alone)
+    (outcome,) = protocol.run(["a"], 1, lambda arm, repeat: 0.0)
+    assert outcome.attempts == 1
 
 
 def test_a_probe_that_moves_during_a_repeat_retakes_it() -> None:
@@ -138,10 +142,10 @@ def test_a_measurement_too_short_for_procs_ticks_is_judged_with_its_whole_repeat
     bounds = QuietBounds()
     # one 10 ms tick of another process over a 20 ms launch reads as half a core: no signal
     assert activity(others_cores=0.5, wall_s=0.02).disturbed(bounds) is None
-    assert activity(wait_share=0.3, wall_s=0.02).disturbed(bounds) is None
+    assert activity(wait_share=0.3, others_cores=0.5, wall_s=0.02).disturbed(bounds) is None
     # over a second the same shares are real
     assert activity(others_cores=0.5, wall_s=1.0).disturbed(bounds) is not None
-    assert activity(wait_share=0.3, wall_s=1.0).disturbed(bounds) is not None
+    assert activity(wait_share=0.3, others_cores=0.5, wall_s=1.0).disturbed(bounds) is not None
 
 
 def test_our_wait_is_the_working_threads_not_the_idle_ones() -> None:

@@ -310,12 +310,17 @@ def _engine_scheduler(
 
 
 def _scheduler_names(template: dict[str, Any], schedulers: dict[str, Any]) -> list[str]:
-    """The template's schedulers: its list, or `all` configured ones but `except_schedulers`
-    (so a scheduler added to config.yaml still appears where a template leaves some out)."""
-    if template.get("scheduler", "all") != "all":
-        return _as_list(template["scheduler"])
+    """The template's schedulers: its list, where `all` stands for the configured ones but
+    `except_schedulers` (so a scheduler added to config.yaml still appears where a template
+    leaves some out, or adds a control: `[all, shortest-prompt]`)."""
+    named = _as_list(template.get("scheduler", "all"))
     left_out = set(_as_list(template.get("except_schedulers") or []))
-    return [name for name in schedulers if name not in left_out]
+    out: list[str] = []
+    for name in named:
+        for one in ([s for s in schedulers if s not in left_out] if name == "all" else [name]):
+            if one not in out:
+                out.append(one)
+    return out
 
 
 def _check_names(where: str, key: str, values: list[Any], known: list[str]) -> None:
@@ -326,7 +331,8 @@ def _check_names(where: str, key: str, values: list[Any], known: list[str]) -> N
 
 def _check_exceptions(where: str, template: dict[str, Any]) -> None:
     """`except_schedulers` narrows `scheduler: all`; with a list it would be a contradiction."""
-    if template.get("except_schedulers") and template.get("scheduler", "all") != "all":
+    if template.get("except_schedulers") and "all" not in _as_list(
+            template.get("scheduler", "all")):
         raise ExperimentError(f"{where}: except_schedulers applies only to scheduler: all")
 
 

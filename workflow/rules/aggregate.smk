@@ -43,7 +43,7 @@ rule never_worse_cases:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} bench never-worse {params.args} --out {output:q} --quiet > {log:q} 2>&1"
+        NICE + "{params.feather} bench never-worse {params.args} --out {output:q} --quiet > {log:q} 2>&1"
 
 
 rule never_worse:
@@ -64,5 +64,5 @@ rule never_worse:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} bench never-worse --cases none --cases-from {input.cases:q} "
+        NICE + "{params.feather} bench never-worse --cases none --cases-from {input.cases:q} "
         "--summary {input.table:q} --out {output:q} --quiet > {log:q} 2>&1"

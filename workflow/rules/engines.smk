@@ -23,7 +23,7 @@ rule engine_env:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} overhead env --name {params.name} --lock {params.lock:q} --engine-env "
+        NICE + "{params.feather} overhead env --name {params.name} --lock {params.lock:q} --engine-env "
         "--dest {params.dest:q} --status-out {output:q} > {log:q} 2>&1"
 
 

@@ -40,7 +40,7 @@ rule overhead_env:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} overhead env --name {wildcards.env} --dest {params.dest:q} "
+        NICE + "{params.feather} overhead env --name {wildcards.env} --dest {params.dest:q} "
         "--status-out {output:q} > {log:q} 2>&1"
 
 
@@ -97,7 +97,7 @@ rule overhead_report:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} overhead report --spec {params.spec:q} --bench {input.table:q} "
+        NICE + "{params.feather} overhead report --spec {params.spec:q} --bench {input.table:q} "
         "--model {params.model} {params.hardware} {params.traces} --out-dir {params.out_dir} "
         "--figures-dir figures > {log:q} 2>&1"
 
@@ -122,5 +122,5 @@ rule sched_cost_refit:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} sched-cost refit --bench {input.table:q} --out-dir {params.out_dir:q} "
+        NICE + "{params.feather} sched-cost refit --bench {input.table:q} --out-dir {params.out_dir:q} "
         "> {log:q} 2>&1"

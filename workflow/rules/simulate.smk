@@ -30,4 +30,4 @@ rule simulate:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} simulate --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1"
+        NICE + "{params.feather} simulate --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1"

@@ -30,7 +30,7 @@ rule train_learner:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} train --spec {params.spec:q} --out {output.policy:q} --quiet "
+        NICE + "{params.feather} train --spec {params.spec:q} --out {output.policy:q} --quiet "
         "> {output.report:q}.tmp 2> {log:q} && mv {output.report:q}.tmp {output.report:q}"
 
 

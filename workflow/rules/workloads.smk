@@ -22,7 +22,7 @@ rule leval_workload:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} workload build --source leval {params.source:q} --model {wildcards.model} "
+        NICE + "{params.feather} workload build --source leval {params.source:q} --model {wildcards.model} "
         "--min-prefix-tokens {params.lo} --max-prefix-tokens {params.hi} {params.shape} "
         "--raw-dir data/raw --out {output:q} > {log:q} 2>&1"
 
@@ -65,7 +65,7 @@ rule longbench_format_workload:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} workload build --source longbench --tasks qasper,qmsum "
+        NICE + "{params.feather} workload build --source longbench --tasks qasper,qmsum "
         "--data-dir {params.folder:q} --raw-dir {params.folder:q}/raw-{wildcards.options} "
         "--model {wildcards.model} --min-prefix-tokens 0 --max-prefix-tokens 1000000000 "
         "{params.shape} --out {output:q} > {log:q} 2>&1"
@@ -94,5 +94,5 @@ rule load_workload:
     conda:
         "../envs/feather.yaml"
     shell:
-        "{params.feather} workload retime {input.base:q} --load {wildcards.factor} "
+        NICE + "{params.feather} workload retime {input.base:q} --load {wildcards.factor} "
         "--capacity {input.capacity:q} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
