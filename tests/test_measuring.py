@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +18,7 @@ from measuring_fakes import ScriptedWatch, activity
 
 from feather.measuring.order import rotated, schedule
 from feather.measuring.protocol import MeasuringProtocol, unstable_flag
-from feather.measuring.quiet import QuietBounds, Watch
+from feather.measuring.quiet import QuietBounds, Watch, between
 from feather.measuring.stats import coverage, interval_rank, median_interval, paired_ratios
 
 
@@ -157,3 +158,25 @@ def test_our_wait_is_the_working_threads_not_the_idle_ones() -> None:
     idle = {(1, t): (0.001, 0.004) for t in range(1, 40)}
     assert busiest_wait_s(start, {(1, 0): (1.0, 0.0), **idle}, wall_s=1.0) == 0.0
     assert busiest_wait_s(start, {(1, 0): (0.66, 0.33), **idle}, wall_s=1.0) == 0.33
+
+
+def test_the_workflows_own_jobs_are_its_setup_not_another_process() -> None:
+    """A busy job of the workflow ($FEATHER_PIPELINE_PID's tree, not ours) is recorded apart
+    and disturbs nothing; the same process outside the workflow is another process."""
+    spin = "import time\nwhile time.process_time() < 2.5: pass"
+    # the workflow stands apart from us, as Snakemake is from a job's own process tree: a
+    # shell whose parent exits at once, with a busy child
+    started_root = subprocess.run(
+        ["bash", "-c",
+         f"bash -c \"{sys.executable} -c '{spin}'; sleep 5\" >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True)
+    root = int(started_root.stdout.strip())
+    time.sleep(0.3)
+    watch = Watch(neighbour_cores=0.0, pipeline_root=root)
+    started = watch.start()
+    time.sleep(1.0)
+    seen = watch.stop(started)
+    assert seen.pipeline_cores >= 0.1  # its busy job ran (however busy this machine is)
+    # the same window, the workflow not told apart: its busy job counts as another process
+    blind = between(replace(started, pipeline={}), replace(watch.last, pipeline={}), 0.0)
+    assert blind.others_cpu_s == pytest.approx(seen.others_cpu_s + seen.pipeline_cpu_s)

@@ -10,9 +10,11 @@ Three signals, each for a different kind of interference:
   of waiting per probe; with a busy loop on the other core 0.04 ms; with two busy loops 32
   ms, more than the probe itself.
 - **other processes' CPU time** (the machine's busy time from /proc/stat less our own process
-  tree's from /proc/<pid>/stat), in cores, beyond the cores the job leaves to other work
-  (`neighbour_cores`: the workflow runs one simulation beside an engine that uses one core;
-  a measurement run by hand leaves none).
+  tree's from /proc/<pid>/stat, and less the workflow's own: Snakemake and the jobs it runs
+  beside a measuring one, `$FEATHER_PIPELINE_PID` - the setup measured, recorded apart as
+  `pipeline_cpu_s`), in cores, beyond the cores the job leaves to them (`neighbour_cores`,
+  `$FEATHER_NEIGHBOUR_CORES`, 0 unless set). A process of another user, another session or
+  a test run is "other"; the simulation the workflow runs beside an engine job is not.
 - **a fixed reference probe** (a memory-bound array sum and a Python loop, ~15 ms, the median
   of three) before and after each repeat: a neighbour that shares the memory system or the
   physical core without taking our core shows here. Measured here: alone the median probe
@@ -72,6 +74,14 @@ class QuietBounds:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def pipeline_root_from_env() -> int | None:
+    """The workflow's own process ($FEATHER_PIPELINE_PID, set by the Snakefile in Snakemake's
+    main process, inherited by every job): its other jobs are the run's own neighbours, part
+    of the setup measured, not another process (None: a measurement run by hand)."""
+    raw = os.environ.get("FEATHER_PIPELINE_PID", "")
+    return int(raw) if raw.isdigit() and (PROC / raw).is_dir() else None
 
 
 def neighbour_cores_from_env() -> float:
@@ -181,15 +191,18 @@ class Snapshot:
     own: dict[int, float]  # pid -> CPU seconds, our tree
     threads: dict[tuple[int, int], tuple[float, float]]  # our threads' (run, wait) seconds
     load: float
+    pipeline: dict[int, float] = field(default_factory=dict)  # the workflow's other jobs
 
     @classmethod
-    def take(cls, root: int | None = None) -> Snapshot:
+    def take(cls, root: int | None = None, pipeline_root: int | None = None) -> Snapshot:
         root = os.getpid() if root is None else root
         processes = _processes()
         tree = _tree(processes, root)
+        siblings = (_tree(processes, pipeline_root) - tree) if pipeline_root else set()
         return cls(time.perf_counter(), machine_busy_s(),
                    {pid: processes[pid][1] for pid in tree if pid in processes},
-                   _thread_times(tree), load_1m())
+                   _thread_times(tree), load_1m(),
+                   {pid: processes[pid][1] for pid in siblings if pid in processes})
 
 
 # ---- the probe -------------------------------------------------------------------------------
@@ -233,11 +246,12 @@ class Activity:
 
     wall_s: float
     own_cpu_s: float
-    others_cpu_s: float
+    others_cpu_s: float  # every process that is neither ours nor the workflow's
     own_wait_s: float  # the longest wait for a core of any of our working threads
     load_start: float
     load_end: float
     neighbour_cores: float
+    pipeline_cpu_s: float = 0.0  # the workflow's other jobs and Snakemake itself
 
     @property
     def others_cores(self) -> float:
@@ -268,20 +282,30 @@ class Activity:
                            f"({self.neighbour_cores:g} left to them)")
         return "; ".join(reasons) or None
 
+    @property
+    def pipeline_cores(self) -> float:
+        """The workflow's other jobs' CPU time over the wall time."""
+        return self.pipeline_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "others_cores": self.others_cores,
-                "excess_cores": self.excess_cores, "wait_share": self.wait_share}
+                "excess_cores": self.excess_cores, "wait_share": self.wait_share,
+                "pipeline_cores": self.pipeline_cores}
 
 
 def between(start: Snapshot, end: Snapshot, neighbour_cores: float) -> Activity:
-    own = sum(cpu - start.own.get(pid, 0.0) for pid, cpu in end.own.items())
-    own = max(own, 0.0)
+    own = max(sum(cpu - start.own.get(pid, 0.0) for pid, cpu in end.own.items()), 0.0)
+    # a sibling job that started during the window counts from zero, one that ended is lost
+    # (its time then falls to the others: the conservative side)
+    pipeline = max(sum(cpu - start.pipeline.get(pid, 0.0) for pid, cpu in end.pipeline.items()),
+                   0.0)
     busy = max(end.busy_s - start.busy_s, 0.0)
     wall = end.at - start.at
     return Activity(
         wall_s=wall,
         own_cpu_s=own,
-        others_cpu_s=max(busy - own, 0.0),
+        others_cpu_s=max(busy - own - pipeline, 0.0),
+        pipeline_cpu_s=pipeline,
         own_wait_s=max(busiest_wait_s(start.threads, end.threads, wall), 0.0),
         load_start=start.load,
         load_end=end.load,
@@ -295,13 +319,14 @@ class Watch:
 
     neighbour_cores: float = field(default_factory=neighbour_cores_from_env)
     root: int | None = None
+    pipeline_root: int | None = field(default_factory=pipeline_root_from_env)
     last: Snapshot | None = None
 
     def start(self) -> Snapshot:
-        return Snapshot.take(self.root)
+        return Snapshot.take(self.root, self.pipeline_root)
 
     def stop(self, started: Snapshot) -> Activity:
-        self.last = Snapshot.take(self.root)
+        self.last = Snapshot.take(self.root, self.pipeline_root)
         return between(started, self.last, self.neighbour_cores)
 
     def since(self, started: Snapshot) -> Activity:

@@ -31,6 +31,11 @@ from feather.engines.gpu import attached_gpus, gpu_label
 from feather.sim.hardware import get_hardware, hardware_names
 
 REPO = Path(workflow.basedir)
+# Every job's measurements (feather/measuring/quiet.py) tell this workflow's own processes -
+# Snakemake and the jobs it runs beside a measuring one, the setup measured - from another
+# process on the machine, which makes a repeat disturbed. Jobs inherit the variable.
+if workflow.is_main_process:
+    os.environ["FEATHER_PIPELINE_PID"] = str(os.getpid())
 
 
 def note(message):
@@ -343,14 +348,6 @@ MEASURES_TIME = {"measures_time": 1}  # profiles/default: measures_time=1
 # the same through `logged_to`.
 NICE = "renice -n 19 -p $$ >/dev/null 2>&1; "
 
-
-def neighbour_cores(wildcards, threads):
-    """The cores a measuring job leaves to one other job: what its measurement protocol
-    (feather/measuring/quiet.py, $FEATHER_NEIGHBOUR_CORES) accepts other processes using
-    before it calls a repeat disturbed and takes it again."""
-    if not workflow.cores or not threads:  # no --cores (--report, --unlock): nothing runs
-        return 0
-    return max(0, workflow.cores - threads)
 
 
 def cpu_time_cores(wildcards):

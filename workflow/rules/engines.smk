@@ -47,7 +47,6 @@ for _batch in ENGINE_BATCHES:
             job_status=JOB_STATUS,
             job=f"engine_{_batch.name}",
             claim=EXPERIMENTS[_batch.experiment].claim,
-            neighbours=neighbour_cores,
         log:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
         # an engine with a thread count measures on one core beside at most one other job;
@@ -63,7 +62,6 @@ for _batch in ENGINE_BATCHES:
             runtime=_batch.runtime if _batch.gpus else job_runtime(f"engine_{_batch.name}"),
             **gpu_resources(_batch.gpus),
         shell:
-            "(FEATHER_NEIGHBOUR_CORES={params.neighbours} "
-            "{params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet) > {log:q} 2>&1 "
+            "({params.feather} run --spec {params.spec:q} --out {params.out:q} --quiet) > {log:q} 2>&1 "
             "|| {params.job_status} --job {params.job} --claim {params.claim:q} --log {log:q} "
             "--exit-code $? {output:q}"

@@ -36,7 +36,6 @@ rule kernels_bench:
         else ("" if KERNEL_SWEEP in ("default", "off") else f"--{KERNEL_SWEEP}"),
         job_status=JOB_STATUS,
         job=lambda wc: f"kernels_bench_{wc.machine}",
-        neighbours=neighbour_cores,
     log:
         "logs/kernels/{machine}.log",
     threads: all_cores  # alone: it flushes the caches before each launch and times one
@@ -46,7 +45,6 @@ rule kernels_bench:
         mem_mb=2000,  # default sweep on this CPU: 0.65 GB peak RSS
         runtime=job_runtime("kernels_bench", "default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP),
     shell:
-        "FEATHER_NEIGHBOUR_CORES={params.neighbours} "
         "{params.feather} bench kernels --device {params.device} {params.sweep} --out {output:q} "
         "> {log:q} 2>&1 || {params.job_status} --job {params.job} "
         "--claim 'C1 C2 C7' --log {log:q} --exit-code $? {output:q}"
@@ -89,7 +87,6 @@ rule cpu_attn_bench:
         feather=FEATHER_HERE,
         code=source_digest(["bench/cpu_attn.py"]),
         sweep="default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP,
-        neighbours=neighbour_cores,
     log:
         "logs/kernels/cpu_attn.log",
     threads: all_cores  # alone: it flushes the caches before each launch and times one
@@ -99,5 +96,4 @@ rule cpu_attn_bench:
         mem_mb=3000,  # default sweep: 1.6 GB peak RSS
         runtime=job_runtime("cpu_attn_bench", "default" if KERNEL_SWEEP == "off" else KERNEL_SWEEP),
     shell:
-        "FEATHER_NEIGHBOUR_CORES={params.neighbours} "
         "{params.feather} bench cpu-attn --sweep {params.sweep} --out {output:q} > {log:q} 2>&1"

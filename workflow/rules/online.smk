@@ -39,7 +39,6 @@ for _job in ONLINE_JOBS:
             out=lambda wc, output: str(Path(output.json).parent),
             job_status=JOB_STATUS,
             job=f"online_{_job.dataset}",
-            neighbours=neighbour_cores,
         log:
             f"logs/online/{_job.dataset}.log",
         threads: all_cores  # alone: a server, its engine core and the load client
@@ -54,7 +53,6 @@ for _job in ONLINE_JOBS:
                                 ("" if _job.hardware == "cpu" else "gpu-") + ONLINE_SWEEP),
             **gpu_resources(0 if _job.hardware == "cpu" else 1),
         shell:
-            "FEATHER_NEIGHBOUR_CORES={params.neighbours} "
             "{params.feather} online {params.args} --out {params.out:q} > {log:q} 2>&1 "
             "|| {params.job_status} --job {params.job} --claim load --log {log:q} --exit-code $? "
             "{output:q}"

@@ -56,7 +56,6 @@ rule overhead_bench:
         code=overhead_code_digest(),
         sweep=(OVERHEAD or {}).get("sweep", "default"),
         envs=lambda wc, input: " ".join(f"--env-status {shlex.quote(p)}" for p in input.envs),
-        neighbours=neighbour_cores,
     log:
         "logs/overhead/bench.log",
     threads: cpu_time_cores  # it measures a thread's CPU time, one policy call at a time
@@ -67,7 +66,6 @@ rule overhead_bench:
         mem_mb=16000 if (OVERHEAD or {}).get("sweep") == "full" else 4000,
         runtime=job_runtime("overhead_bench", (OVERHEAD or {}).get("sweep", "default")),
     shell:
-        "FEATHER_NEIGHBOUR_CORES={params.neighbours} "
         "{params.feather} overhead run --spec {input.spec:q} --sweep {params.sweep} "
         "{params.envs} --out {output.table:q} > {log:q} 2>&1"
 

@@ -65,7 +65,6 @@ for _root, _regimes in ENGINE_TRAIN_SPECS.items():
                 job_status=JOB_STATUS,
                 job=f"train_learner_engine_{_regime}",
                 claim=EXPERIMENTS[Path(_root).name].claim,
-                neighbours=neighbour_cores,
             log:
                 f"logs/{Path(_root).name}/{Path(_root).parts[1]}/{Path(_root).parts[2]}-{_regime}.log",
             threads: measuring_cores  # one engine thread (the regimes' `threads: 1`)
@@ -75,7 +74,6 @@ for _root, _regimes in ENGINE_TRAIN_SPECS.items():
                 mem_mb=6000,
                 **MEASURES_TIME,
             shell:
-                "(FEATHER_NEIGHBOUR_CORES={params.neighbours} "
-                "{params.feather} train-engine --spec {params.spec:q} --out {params.out:q} --quiet) "
+                "({params.feather} train-engine --spec {params.spec:q} --out {params.out:q} --quiet) "
                 "> {log:q} 2>&1 || {params.job_status} --job {params.job} --claim {params.claim:q} "
                 "--log {log:q} --exit-code $? {output:q}"
