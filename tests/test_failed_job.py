@@ -244,6 +244,31 @@ def test_the_failed_jobs_are_read_from_snakemakes_log(tmp_path: Path, monkeypatc
     assert "its log logs/jobs_check.log is empty" in jobs[1].line()
 
 
+CLUSTER_LOG = """\
+Error in rule fails_on_purpose:
+    message: SLURM-job '5' failed, SLURM status is: 'FAILED'.
+    jobid: 5
+    output: results/failing/partial.txt
+    log: .snakemake/slurm_logs/rule_fails_on_purpose/5.log (check log file(s) for error details)
+    external_jobid: 5
+Logfile .snakemake/slurm_logs/rule_fails_on_purpose/5.log:
+Error in rule fails_on_purpose:
+    message: None
+    jobid: 0
+    output: results/failing/partial.txt
+Exiting because a job execution failed. Look above for error messages
+"""
+
+
+def test_a_cluster_jobs_two_error_blocks_are_one_failed_job() -> None:
+    """On SLURM the executor's block and the job's inner Snakemake block (jobid 0) both name
+    the job: the page lists it once, with the executor's log."""
+    jobs = failed_jobs(CLUSTER_LOG)
+    assert [(j.rule, j.jobid, j.output) for j in jobs] == [
+        ("fails_on_purpose", "5", "results/failing/partial.txt")]
+    assert jobs[0].log.startswith(".snakemake/slurm_logs/rule_fails_on_purpose/5.log")
+
+
 def _page(tmp: Path, when: float) -> Path:
     page = tmp / "figures" / "verdicts.md"
     page.parent.mkdir(parents=True, exist_ok=True)

@@ -76,11 +76,19 @@ class QuietBounds:
         return asdict(self)
 
 
+PIPELINE_PID_VAR = "FEATHER_PIPELINE_PID"
+
+
+def mark_pipeline(pid: int) -> None:
+    """Called in Snakemake's main process: every job it starts inherits the mark."""
+    os.environ[PIPELINE_PID_VAR] = str(pid)
+
+
 def pipeline_root_from_env() -> int | None:
     """The workflow's own process ($FEATHER_PIPELINE_PID, set by the Snakefile in Snakemake's
     main process, inherited by every job): its other jobs are the run's own neighbours, part
     of the setup measured, not another process (None: a measurement run by hand)."""
-    raw = os.environ.get("FEATHER_PIPELINE_PID", "")
+    raw = os.environ.get(PIPELINE_PID_VAR, "")
     return int(raw) if raw.isdigit() and (PROC / raw).is_dir() else None
 
 

@@ -96,7 +96,15 @@ def failed_jobs(text: str) -> list[FailedJob]:
         elif current is not None and not line.startswith((" ", "\t")):
             jobs.append(FailedJob(**current))
             current = None
-    unique = {(j.rule, j.jobid, j.output): j for j in jobs}
+    # one job, one line: on a cluster the executor's block (its job log) and the job's own
+    # inner Snakemake block (another jobid) name the same rule and output
+    unique: dict[tuple[str, str], FailedJob] = {}
+    for job in jobs:
+        key = (job.rule, job.output or job.wildcards or job.jobid)
+        seen = unique.get(key)
+        fields = FailedJob.__dataclass_fields__
+        unique[key] = job if seen is None else FailedJob(
+            **{name: getattr(seen, name) or getattr(job, name) for name in fields})
     return list(unique.values())
 
 

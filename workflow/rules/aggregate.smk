@@ -27,7 +27,7 @@ rule never_worse_cases:
     output:
         "results/never_worse_cases.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         code=RUN_CODE,
         args=lambda wc: shlex.join(
             [a for learner, path in never_worse_policies().items()
@@ -43,7 +43,7 @@ rule never_worse_cases:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} bench never-worse {params.args} --out {output:q} --quiet > {log:q} 2>&1"
+        "{params.feather} bench never-worse {params.args} --out {output:q} --quiet > {log:q} 2>&1"
 
 
 rule never_worse:
@@ -55,7 +55,7 @@ rule never_worse:
     output:
         "results/never_worse.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         code=RUN_CODE,
     log:
         "logs/never_worse.log",
@@ -64,5 +64,5 @@ rule never_worse:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} bench never-worse --cases none --cases-from {input.cases:q} "
+        "{params.feather} bench never-worse --cases none --cases-from {input.cases:q} "
         "--summary {input.table:q} --out {output:q} --quiet > {log:q} 2>&1"

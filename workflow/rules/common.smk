@@ -29,13 +29,14 @@ from feather.engines.selection import (
 from feather.pipeline.workload_specs import builder_flags, slug_options
 from feather.engines.gpu import attached_gpus, gpu_label
 from feather.sim.hardware import get_hardware, hardware_names
+from feather.measuring.quiet import mark_pipeline
 
 REPO = Path(workflow.basedir)
 # Every job's measurements (feather/measuring/quiet.py) tell this workflow's own processes -
 # Snakemake and the jobs it runs beside a measuring one, the setup measured - from another
 # process on the machine, which makes a repeat disturbed. Jobs inherit the variable.
 if workflow.is_main_process:
-    os.environ["FEATHER_PIPELINE_PID"] = str(os.getpid())
+    mark_pipeline(os.getpid())
 
 
 def note(message):
@@ -44,14 +45,23 @@ def note(message):
         print(f"feather: {message}", file=sys.stderr)
 
 
-def _feather_command():
-    """The command shell jobs run feather with: this interpreter, or (conda) the job's env on this checkout."""
+def _feather_command(nice=False):
+    """The command shell jobs run feather with: this interpreter, or (conda) the job's env on
+    this checkout; `nice`: at nice 19, for a job that measures nothing (FEATHER_NICE below)."""
+    niced = "nice -n 19 " if nice else ""
     if any(str(m).lower().endswith("conda") for m in workflow.deployment_settings.deployment_method):
-        return f"PYTHONPATH={shlex.quote(str(REPO))} python -m feather"
-    return f"{shlex.quote(sys.executable)} -m feather"
+        return f"PYTHONPATH={shlex.quote(str(REPO))} {niced}python -m feather"
+    return f"{niced}{shlex.quote(sys.executable)} -m feather"
 
 
 FEATHER = _feather_command()
+# What a job that measures nothing runs feather with: it yields the cores to the one that
+# measures. Beside a one-core engine job, a simulation (its start-up, a tokenizer's threads)
+# took the engine's core often enough that the engine's working thread waited 20-25% of a
+# repeat, as long as one more busy process makes it wait (feather/measuring/quiet.py); at
+# nice 19 the kernel gives it the engine's core only where the engine does not want it. Run
+# blocks do the same through `logged_to`.
+FEATHER_NICE = _feather_command(nice=True)
 # Rules that need this environment's engines and kernels (vLLM, torch, Triton: a lock installed
 # with --no-deps, which a conda environment file cannot express) name no conda environment and
 # run feather with this interpreter, under --sdm conda too.
@@ -305,7 +315,7 @@ def figure_meta(name):
 @contextlib.contextmanager
 def logged_to(path):
     """Send what a `run:` block prints to its rule's log, as shell rules do with `> {log}`;
-    the block measures nothing, so it yields the cores to a job that does (NICE)."""
+    the block measures nothing, so it yields the cores to a job that does (FEATHER_NICE)."""
     if not workflow.is_main_process:  # never Snakemake itself: its jobs inherit its nice
         with contextlib.suppress(OSError):
             os.nice(19 - os.nice(0))
@@ -340,13 +350,6 @@ def measuring_cores(wildcards):
 
 
 MEASURES_TIME = {"measures_time": 1}  # profiles/default: measures_time=1
-# What a job that measures nothing runs first: it yields the cores to the one that measures.
-# Beside a one-core engine job, a simulation (its start-up, a tokenizer's threads) took the
-# engine's core often enough that the engine's working thread waited 20-25% of a repeat, as
-# long as one more busy process makes it wait (feather/measuring/quiet.py); at nice 19 the
-# kernel gives it the engine's core only where the engine does not want it. Run blocks do
-# the same through `logged_to`.
-NICE = "renice -n 19 -p $$ >/dev/null 2>&1; "
 
 
 

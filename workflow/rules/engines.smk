@@ -8,7 +8,7 @@ rule engine_env:
     output:
         "results/engine-envs/{engine}.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         name=lambda wc: OWN_ENVS[wc.engine][0],
         lock=lambda wc: str(REPO / OWN_ENVS[wc.engine][1]),
         digest=lambda wc: hashlib.sha256((REPO / OWN_ENVS[wc.engine][1]).read_bytes()).hexdigest(),
@@ -23,7 +23,7 @@ rule engine_env:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} overhead env --name {params.name} --lock {params.lock:q} --engine-env "
+        "{params.feather} overhead env --name {params.name} --lock {params.lock:q} --engine-env "
         "--dest {params.dest:q} --status-out {output:q} > {log:q} 2>&1"
 
 

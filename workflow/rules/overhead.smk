@@ -30,7 +30,7 @@ rule overhead_env:
     output:
         "results/envs/{env}.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         dest=lambda wc: str(Path((OVERHEAD or {}).get("envs_dir", ".envs")) / wc.env),
         lock=lambda wc: hashlib.sha256(lock_file(wc.env).read_bytes()).hexdigest(),
     log:
@@ -40,7 +40,7 @@ rule overhead_env:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} overhead env --name {wildcards.env} --dest {params.dest:q} "
+        "{params.feather} overhead env --name {wildcards.env} --dest {params.dest:q} "
         "--status-out {output:q} > {log:q} 2>&1"
 
 
@@ -79,7 +79,7 @@ rule overhead_report:
         [report(f"figures/{n}.png", caption="../report/figure.rst", category="Figures",
                 labels=report_labels(n)) for n in OVERHEAD_FIGURES],
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         spec=str(OVERHEAD_SPEC),
         out_dir=lambda wc, output: str(Path(output[0]).parent),
         model=lambda wc: load_spec(OVERHEAD_SPEC).get("model", config["models"][0]),
@@ -95,7 +95,7 @@ rule overhead_report:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} overhead report --spec {params.spec:q} --bench {input.table:q} "
+        "{params.feather} overhead report --spec {params.spec:q} --bench {input.table:q} "
         "--model {params.model} {params.hardware} {params.traces} --out-dir {params.out_dir} "
         "--figures-dir figures > {log:q} 2>&1"
 
@@ -111,7 +111,7 @@ rule sched_cost_refit:
         f"{OVERHEAD_DIR}/sched_costs_refit.json",
         f"{OVERHEAD_DIR}/sched_cost_drift.md",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         out_dir=lambda wc, output: str(Path(output[0]).parent),
     log:
         "logs/overhead/sched_cost_refit.log",
@@ -120,5 +120,5 @@ rule sched_cost_refit:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} sched-cost refit --bench {input.table:q} --out-dir {params.out_dir:q} "
+        "{params.feather} sched-cost refit --bench {input.table:q} --out-dir {params.out_dir:q} "
         "> {log:q} 2>&1"

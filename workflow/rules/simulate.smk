@@ -13,7 +13,7 @@ rule simulate:
         spec="results/{hardware}/sim/{experiment}/{run}/spec.json",
         summary="results/{hardware}/sim/{experiment}/{run}/summary.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         code=RUN_CODE,
         # the run's whole specification, built once at parse time (common.smk SIM_SPECS); the
         # job keeps it as spec.json beside its summary
@@ -30,4 +30,4 @@ rule simulate:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} simulate --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1"
+        "{params.feather} simulate --spec {params.spec:q} --out {params.out:q} --quiet > {log:q} 2>&1"

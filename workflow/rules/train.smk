@@ -11,7 +11,7 @@ rule train_learner:
         policy="results/{hardware}/sim/{training}/{learner}/policy.json",
         report="results/{hardware}/sim/{training}/{learner}/report.json",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         code=RUN_CODE,
         # the job's whole specification, built once at parse time (common.smk TRAIN_SPECS)
         spec=lambda wc, output: json.dumps(
@@ -30,7 +30,7 @@ rule train_learner:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} train --spec {params.spec:q} --out {output.policy:q} --quiet "
+        "{params.feather} train --spec {params.spec:q} --out {output.policy:q} --quiet "
         "> {output.report:q}.tmp 2> {log:q} && mv {output.report:q}.tmp {output.report:q}"
 
 

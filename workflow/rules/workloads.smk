@@ -6,7 +6,7 @@ rule leval_workload:
     output:
         "data/workloads/leval__{options}__{model}.parquet",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         code=WORKLOAD_CODE,
         source=lambda wc: (["--data-dir", LEVAL_DIR] if LEVAL_DIR else []),
         lo=lambda wc: slug_options(wc.options).get("min", "0"),
@@ -22,7 +22,7 @@ rule leval_workload:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} workload build --source leval {params.source:q} --model {wildcards.model} "
+        "{params.feather} workload build --source leval {params.source:q} --model {wildcards.model} "
         "--min-prefix-tokens {params.lo} --max-prefix-tokens {params.hi} {params.shape} "
         "--raw-dir data/raw --out {output:q} > {log:q} 2>&1"
 
@@ -51,7 +51,7 @@ rule longbench_format_workload:
     output:
         "data/workloads/longbench-format__{options}__{model}.parquet",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         code=WORKLOAD_CODE,
         folder=lambda wc, input: str(Path(input[0]).parent),
         shape=lambda wc: shlex.join(builder_flags(slug_options(wc.options), "longbench-format")),
@@ -65,7 +65,7 @@ rule longbench_format_workload:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} workload build --source longbench --tasks qasper,qmsum "
+        "{params.feather} workload build --source longbench --tasks qasper,qmsum "
         "--data-dir {params.folder:q} --raw-dir {params.folder:q}/raw-{wildcards.options} "
         "--model {wildcards.model} --min-prefix-tokens 0 --max-prefix-tokens 1000000000 "
         "{params.shape} --out {output:q} > {log:q} 2>&1"
@@ -79,7 +79,7 @@ rule load_workload:
     output:
         "data/workloads/load/{hardware}/{stem}__load={factor}.parquet",
     params:
-        feather=FEATHER,
+        feather=FEATHER_NICE,
         code=WORKLOAD_CODE,
         # a load= workload's arrival seed: its base's order seed (0 when it has none)
         seed=lambda wc: slug_options(wc.stem.partition("__")[2].partition("__")[0]).get("seed", "0"),
@@ -94,5 +94,5 @@ rule load_workload:
     conda:
         "../envs/feather.yaml"
     shell:
-        NICE + "{params.feather} workload retime {input.base:q} --load {wildcards.factor} "
+        "{params.feather} workload retime {input.base:q} --load {wildcards.factor} "
         "--capacity {input.capacity:q} --seed {params.seed} --out {output:q} > {log:q} 2>&1"
