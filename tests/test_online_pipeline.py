@@ -62,7 +62,7 @@ def test_the_shipped_spec_expands_to_jobs_with_the_configured_schedulers() -> No
     assert args[args.index("--workload") + 1] == job.workload_spec
     assert job.workload_spec.startswith("data/workloads/leval__") and "order=shuffled" in args[
         args.index("--workload") + 1]
-    assert args[args.index("--load-fractions") + 1] == "0.5,0.9"
+    assert args[args.index("--load-fractions") + 1] == "0.9"
     assert args[args.index("--num-blocks") + 1] == "80"
     full = load_online_jobs(SPEC, "full", CONFIG)
     assert [j.dataset for j in full] == ["leval_online", "prefix_repetition"]

@@ -79,7 +79,7 @@ def test_our_fcfs_through_the_queue_equals_vllms_own_queue_under_preemption(tmp)
     )
     assert sum(row.preempted for row in native_scheduler.step_rows) > 0  # pressure is real
     assert ours == native
-    assert ours_scheduler.policy is not None and native_scheduler.policy is None
+    assert ours_scheduler.admission_policy is not None and native_scheduler.admission_policy is None
 
 
 def _brute_depth(hash_lists) -> int:
@@ -127,7 +127,7 @@ def test_policy_state_b_delta_w_matches_brute_force_over_vllms_requests(tmp) -> 
         running = [r.request_id for r in scheduler.running]
         waiting = [r for r in scheduler.requests if r not in running]
         output = scheduler.schedule()
-        record = scheduler.policy.last_step
+        record = scheduler.admission_policy.last_step
         batch = list(running)
         waiting_now = list(waiting)
         for decision in record.decisions:
@@ -193,3 +193,50 @@ def test_the_policy_learns_its_kernel_from_the_attention_backend(tmp, monkeypatc
     assert counts["vllm"] == counts["pat"] and counts["vllm"][0] == 0
     stops, groups_per_admission = counts["cascade"]
     assert stops > 0 and set(groups_per_admission) == {1}
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "feather.policies.fcfs:FCFSPolicy", "feather-static"])
+def test_priority_preemption_takes_vllms_victim_in_every_mode(tmp, policy) -> None:
+    """vLLM keeps its SchedulingPolicy in `Scheduler.policy` and, under the priority policy,
+    preempts the running request of the lowest priority (the largest value); ours is
+    `admission_policy`, so vLLM's choice holds in pass-through and in the policy modes."""
+    from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
+    scheduler = make_scheduler(tmp, policy, num_blocks=12, max_num_seqs=4,
+                               scheduling_policy="priority")
+    assert scheduler.policy == SchedulingPolicy.PRIORITY
+    rng = random.Random(5)
+    # the low-priority request arrives first, so vLLM's FCFS victim (the last running)
+    # would be the urgent one
+    scheduler.add_request(make_request("low", [rng.randrange(3, 30_000) for _ in range(32)],
+                                       max_tokens=80, priority=9))
+    scheduler.add_request(make_request("urgent", [rng.randrange(3, 30_000) for _ in range(32)],
+                                       max_tokens=80, priority=0))
+    preempted: list[str] = []
+    for _ in range(400):
+        if not scheduler.has_requests():
+            break
+        output = scheduler.schedule()
+        preempted += [r.request_id for r in scheduler.waiting
+                      if r.num_preemptions and r.request_id not in preempted]
+        answer(scheduler, output)
+    assert not scheduler.has_requests()
+    assert preempted and preempted[0] == "low", preempted
+
+
+def test_a_free_of_an_unknown_or_freed_request_is_counted_not_raised(tmp) -> None:
+    """vLLM's own tests put requests straight into the engine, and a free may come twice:
+    neither may raise inside the engine's step."""
+    from vllm.v1.request import RequestStatus
+
+    for policy in ("fcfs", "feather-static"):
+        scheduler = make_scheduler(tmp, policy)
+        request = make_request("direct", list(range(3, 40)), max_tokens=4)
+        scheduler.requests[request.request_id] = request  # not through add_request
+        scheduler.running.append(request)
+        request.status = RequestStatus.FINISHED_STOPPED
+        scheduler.running.remove(request)
+        scheduler._free_request(request)
+        assert "direct" not in scheduler.requests
+        scheduler._free_request(request)  # again
+        assert scheduler.held()["freed_twice"] == 1, policy

@@ -49,7 +49,7 @@ def finished_ids(outputs) -> list[str]:
 
 def agree(scheduler) -> None:
     """The policy and vLLM agree on what waits and what runs."""
-    policy = scheduler.policy
+    policy = scheduler.admission_policy
     if policy is None:  # vLLM's own FCFS queue: nothing of ours to disagree
         return
     held = policy.footprint()
@@ -130,8 +130,8 @@ def test_any_interleaving_leaves_nothing_behind(policy, ops, num_blocks, tmp_pat
     assert held["added"] == held["freed"] == len(added)
     assert held["freed_twice"] == 0
     assert held["records"] == {"steps": 0, "requests": 0}  # a served engine keeps no rows
-    if scheduler.policy is not None:
-        footprint = scheduler.policy.footprint()
+    if scheduler.admission_policy is not None:
+        footprint = scheduler.admission_policy.footprint()
         assert footprint["requests"] == footprint["running"] == 0
         if "cht_requests" in footprint:
             assert footprint["cht_requests"] == footprint["cht_nodes"] == 0
@@ -162,4 +162,4 @@ def test_the_interleavings_reach_preemption_and_aborts_of_running_requests(tmp_p
             aborted_running = True
         agree(scheduler)
     assert preempted > 0 and aborted_running
-    assert scheduler.policy.footprint()["cht_nodes"] == 0
+    assert scheduler.admission_policy.footprint()["cht_nodes"] == 0

@@ -39,6 +39,7 @@ def make_scheduler(
     max_model_len: int = 8192,
     records: bool = True,
     state_file: Path | None = None,
+    scheduling_policy: str = "fcfs",
 ) -> FeatherScheduler:
     model_dir = model_directory(get_model("tiny-llama"), tmp)
     settings = {"scheduler": policy, "params": params or {}, "records": records}
@@ -51,6 +52,7 @@ def make_scheduler(
             max_model_len=max_model_len,
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
+            policy=scheduling_policy,
         ),
         model_config=ModelConfig(
             model=str(model_dir),
@@ -84,13 +86,15 @@ def make_scheduler(
     )
 
 
-def make_request(req_id: str, tokens: Sequence[int], max_tokens: int, block_size: int = 16):
+def make_request(req_id: str, tokens: Sequence[int], max_tokens: int, block_size: int = 16,
+                 priority: int = 0):
     return Request(
         request_id=req_id,
         prompt_token_ids=list(tokens),
         sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
         pooling_params=None,
         block_hasher=get_request_block_hasher(block_size, sha256),
+        priority=priority,
     )
 
 

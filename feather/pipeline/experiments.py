@@ -514,6 +514,9 @@ def engine_training_jobs(
                 if "{seed}" not in spec:
                     raise ExperimentError(f"{where}.regimes.{name}.{key}: no {{seed}} in "
                                           f"{spec!r}: every seed would be one workload")
+        eval_seeds = list(regime.get("eval_seeds", section["eval_seeds"]))
+        if set(section["train_seeds"]) & set(eval_seeds):
+            raise ExperimentError(f"{where}.regimes.{name}: eval_seeds and train_seeds overlap")
         options = dict(regime["options"] or {})
         if isinstance(options.get("attention"), list):
             raise ExperimentError(f"{where}.regimes.{name}: one attention backend per regime")
@@ -528,7 +531,7 @@ def engine_training_jobs(
             "eval_workloads": [_seeded_file(t, regime["model"])
                                for t in regime["eval_workload"].values()],
             "eval_names": list(regime["eval_workload"]),
-            "eval_seeds": list(section["eval_seeds"]),
+            "eval_seeds": eval_seeds,
             "params": {k: v for k, v in (section.get("params") or {}).items()},
             "baselines": list(BASELINES),
             "eval_repeats": int(section.get("eval_repeats", EVAL_REPEATS)),

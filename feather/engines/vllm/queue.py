@@ -43,6 +43,7 @@ class PolicyWaitingQueue(RequestQueue):
         self.policy = policy
         self._step_context = step_context
         self._waiting: dict[str, Request] = {}  # insertion order = arrival order
+        self._known: set[str] = set()  # added and not yet freed: what the policy holds
         self._admitting = False  # inside schedule()'s admission phase
         self._phase_started = False
         self._offered: str | None = None
@@ -98,6 +99,7 @@ class PolicyWaitingQueue(RequestQueue):
         )
         self._policy_cpu_s += time.thread_time() - cpu0
         self._waiting[request.request_id] = request
+        self._known.add(request.request_id)
 
     def pop_request(self) -> Request:
         req_id = self._offer()
@@ -128,7 +130,11 @@ class PolicyWaitingQueue(RequestQueue):
             self.prepend_request(request)
 
     def forget(self, req_id: str) -> None:
-        """vLLM freed the request (finished or aborted): the policy forgets it."""
+        """vLLM freed the request (finished or aborted): the policy forgets it (one the
+        policy never saw - put straight into the engine's running set - is none of its)."""
+        if req_id not in self._known:
+            return
+        self._known.discard(req_id)
         cpu0 = time.thread_time()
         self.policy.finished(req_id)
         self._policy_cpu_s += time.thread_time() - cpu0

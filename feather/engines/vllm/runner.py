@@ -457,7 +457,7 @@ class VllmSession:
         return calls
 
     def _policy_facts(self, run: EngineRun) -> dict[str, Any]:
-        policy = self.scheduler.policy
+        policy = self.scheduler.admission_policy
         if policy is None:
             return {"name": run.scheduler, "class": "vllm FCFSRequestQueue (native)", "params": {}}
         return {

@@ -163,7 +163,7 @@ class _FeatherSchedulingMixin:
                 "prefill, KV offload): requests holding remote KV bypass the admission policy"
             )
         self.step_rows: list[StepRow] = []
-        self.policy: AdmissionPolicy | None = None
+        self.admission_policy: AdmissionPolicy | None = None
         self._native_waiting = self.waiting
         self._policy_queue: PolicyWaitingQueue | None = None
         settings = FeatherSettings.from_vllm_config(self.vllm_config)
@@ -219,13 +219,15 @@ class _FeatherSchedulingMixin:
         self._last_update_cpu: float | None = None
         self._first_schedule_cpu: float | None = None
         if scheduler == NATIVE_FCFS and not params:
-            self.policy, self._policy_queue = None, None
+            self.admission_policy, self._policy_queue = None, None
             self.waiting = self._native_waiting
             return
-        self.policy = policy if policy is not None else self.new_policy(scheduler, params, seed)
-        self._policy_queue = PolicyWaitingQueue(self.policy, self._step_context)
+        if policy is None:
+            policy = self.new_policy(scheduler, params, seed)
+        self.admission_policy = policy
+        self._policy_queue = PolicyWaitingQueue(self.admission_policy, self._step_context)
         self.waiting = self._policy_queue
-        if self.policy.plans_over_workload:
+        if self.admission_policy.plans_over_workload:
             if workload is None:
                 raise ValueError(
                     f"scheduler {scheduler!r} plans over the workload's requests: "
@@ -233,7 +235,7 @@ class _FeatherSchedulingMixin:
                 )
             self._plan_ids = [r.request_id for r in workload]
         if workload is not None:
-            self.policy.bind_workload(workload)
+            self.admission_policy.bind_workload(workload)
 
     def new_policy(
         self, scheduler: str, params: dict[str, Any] | None = None, seed: int = 0
@@ -269,7 +271,7 @@ class _FeatherSchedulingMixin:
                 raise RuntimeError(
                     f"request {index + 1} arrived; the plan holds {len(self._plan_ids)}"
                 )
-            self.policy.alias(self._plan_ids[index], request.request_id)
+            self.admission_policy.alias(self._plan_ids[index], request.request_id)
         super().add_request(request)
         self.requests_added += 1
         self._write_state()
@@ -319,8 +321,8 @@ class _FeatherSchedulingMixin:
                 if times is not None and tokens and times.first_token_s is None:
                     times.first_token_s = now - self._clock0
             row.finished = self._finished_in_update
-            if self.policy is not None:
-                self.policy.report_step(
+            if self.admission_policy is not None:
+                self.admission_policy.report_step(
                     StepOutcome(
                         row.batch_size, row.sampled_tokens, row.step_time_s, row.prefill_tokens
                     )
@@ -335,16 +337,18 @@ class _FeatherSchedulingMixin:
         self._preempted_in_step = getattr(self, "_preempted_in_step", 0) + 1
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any):
-        if request.request_id not in self.requests:  # vLLM freeing what it already freed
+        request_id = request.request_id
+        if request_id not in self.requests:
+            # freed already (or never held): counted, never a crash in the engine's step
             self.requests_freed_twice += 1
-        times = (
-            self.request_times[request.request_id]
-            if self._records
-            else self.request_times.pop(request.request_id)
-        )
-        times.finish_s = time.perf_counter() - self._clock0
-        times.preemptions = request.num_preemptions
-        times.output_tokens = request.num_output_tokens
+            return None, None
+        # a request put in the engine without add_request (vLLM's own tests do) has no times
+        times = (self.request_times.get(request_id) if self._records
+                 else self.request_times.pop(request_id, None))
+        if times is not None:
+            times.finish_s = time.perf_counter() - self._clock0
+            times.preemptions = request.num_preemptions
+            times.output_tokens = request.num_output_tokens
         result = super()._free_request(request, *args, **kwargs)
         if self._policy_queue is not None:
             self._policy_queue.forget(request.request_id)
@@ -369,12 +373,13 @@ class _FeatherSchedulingMixin:
             "freed_twice": self.requests_freed_twice,
             "records": {"steps": len(self.step_rows), "requests": len(self.request_times)},
             "decisions": dict(self.decisions),
-            "policy": self.policy.footprint() if self.policy is not None else None,
+            "policy": (self.admission_policy.footprint()
+                       if self.admission_policy is not None else None),
         }
 
     def _keep_policy(self) -> None:
         """Save a learning policy's table where `policy_out` says, when it has changed."""
-        policy = self.policy
+        policy = self.admission_policy
         if self._policy_out is None or policy is None or getattr(policy, "frozen", True):
             return
         updates = getattr(policy, "updates", None)
@@ -412,14 +417,15 @@ class _FeatherSchedulingMixin:
                 prefill_tokens += scheduled[request.request_id]
         admitted = [r for r in self.running if r.request_id not in running_before]
         for request in admitted:
-            times = self.request_times[request.request_id]
-            if times.admitted_s is None:  # the first admission (not a resumption)
+            times = self.request_times.get(request.request_id)  # none: not via add_request
+            if times is not None and times.admitted_s is None:  # the first admission
                 times.admitted_s = wall0 - self._clock0
                 times.cached_tokens = max(
                     request.num_computed_tokens - scheduled.get(request.request_id, 0), 0
                 )
         hits = sum(r.num_computed_tokens - scheduled.get(r.request_id, 0) for r in admitted)
-        record = self.policy.last_step if self.policy is not None and took_part else None
+        policy = self.admission_policy
+        record = policy.last_step if policy is not None and took_part else None
         decisions = record.decisions if record is not None else []
         counts = self.decisions
         counts["steps"] += 1
