@@ -236,7 +236,7 @@ def verdict(evidence: Evidence) -> Verdict:
     states = list(real.state)
     grade = (HOLDS if HOLDS in states else
              next((s for s in states if is_inconclusive(s)), DOES_NOT_HOLD))
-    flags = [f for f in real.flag if f]
+    flags = [f for f in real.flag if isinstance(f, str) and f]  # NaN where a frame had none
     real_runs = stop_runs(evidence.table)
     grades.append(SourceGrade(
         REAL_ENGINE, producers(real_runs[real_runs.engine != "sim"]), text,

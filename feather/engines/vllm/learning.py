@@ -161,8 +161,10 @@ def run_training(job: EngineTraining, out: str | Path,
     """Train every learner, freeze, evaluate; write each learner's policy.json and
     report.json under `out/<learner>/<regime>/`. Returns the reports by learner."""
     workloads = WorkloadCache()
-    every = [workload_for_seed(t, s) for s in (*job.train_seeds, *job.eval_seeds)
-             for t in (*job.train_workloads, *job.eval_workloads)]
+    # the workloads the job runs, as `workload_files` names them to the workflow: a held-out
+    # shape (L-Eval documents) is built for the held-out seeds only
+    every = [*(workload_for_seed(t, s) for t in job.train_workloads for s in job.train_seeds),
+             *(workload_for_seed(t, s) for t in job.eval_workloads for s in job.eval_seeds)]
     longest = job.setup.max_model_len or required_model_len([workloads.get(s) for s in every])
     session = VllmSession(job.setup, longest, say)
     try:
