@@ -231,7 +231,7 @@ def verdict(evidence: Evidence) -> Verdict:
         f"{r.regime} ({r.attention}{'; ' + r.setting if r.setting else ''}): {r.rule} "
         f"{median_range(r.tok_s)} tok/s, / no-STOP {_interval(r.vs_nostop_iv)}, "
         f"/ FCFS {_interval(r.vs_fcfs_iv)} - {r.state}"
-        + (f" ({r.cannot_act})" if r.cannot_act else "")
+        + (f" ({r.cannot_act})" if isinstance(r.cannot_act, str) else "")
         for r in real.itertuples())
     states = list(real.state)
     grade = (HOLDS if HOLDS in states else
