@@ -148,6 +148,7 @@ def _failed_jobs_named(doc):
     failed = doc.get("failed_run") if isinstance(doc, dict) else None
     if failed:
         failed["jobs"] = [line.split(" failed:")[0] for line in failed.get("jobs", [])]
+        failed.pop("snakemake_log", None)  # each run's own log
     return doc
 
 
