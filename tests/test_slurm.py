@@ -224,8 +224,9 @@ def test_the_workflow_runs_as_slurm_jobs_like_it_runs_locally(cluster, tmp_path)
     assert set(jobs.Partition) == {"cpu"}
 
     # the same results as the local run, measured times and provenance aside
-    # 4 runs x (trace, requests, spec, summary), the table (parquet, csv), the kernels
-    assert assert_same_results(on_cluster, local) == 4 * 4 + 2 + 1
+    # 4 runs x (trace, requests, spec, summary), the table (parquet, csv), the kernels, and
+    # the failed run's verdicts as data (Snakemake's onerror: feather/pipeline/failed_run.py)
+    assert assert_same_results(on_cluster, local) == 4 * 4 + 2 + 1 + 1
 
 
 def test_a_gpu_job_asks_slurm_for_its_gpu(cluster, tmp_path) -> None:
