@@ -36,6 +36,10 @@ class ScriptedWatch:
     def since(self, started: Any) -> Activity:
         return activity()  # the repeat as a whole: judged by its arms here
 
+    def settle_own(self) -> float:
+        self.settles = getattr(self, "settles", 0) + 1
+        return 0.0
+
     def idle_excess(self, window_s: float = 1.0) -> float:
         self.idle_looks += 1
         return 0.0

@@ -180,3 +180,33 @@ def test_the_workflows_own_jobs_are_its_setup_not_another_process() -> None:
     # the same window, the workflow not told apart: its busy job counts as another process
     blind = between(replace(started, pipeline={}), replace(watch.last, pipeline={}), 0.0)
     assert blind.others_cpu_s == pytest.approx(seen.others_cpu_s + seen.pipeline_cpu_s)
+
+
+def test_the_probe_waits_for_our_own_busy_children_to_finish() -> None:
+    """An online job's servers still busy after a repeat are our work, not the machine's:
+    the probe waits for them (bounded), and an idle tree costs one short look."""
+    watch = Watch(neighbour_cores=0.0)
+    assert watch.settle_own() < 0.5
+    spin = "import time\nwhile time.process_time() < 1.0: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.2)
+        waited = watch.settle_own(most_s=8.0)
+        assert child.poll() is not None  # it waited until the child had finished
+        assert 0.3 <= waited < 8.0
+    finally:
+        child.kill()
+    busy = subprocess.Popen([sys.executable, "-c", spin.replace("1.0", "3.0")])
+    try:
+        time.sleep(0.2)
+        assert watch.settle_own(most_s=0.3) < 0.6  # never longer than it is told
+        assert busy.poll() is None
+    finally:
+        busy.kill()
+
+
+def test_the_protocol_settles_before_each_probe() -> None:
+    watch = ScriptedWatch()
+    protocol = MeasuringProtocol("job", watch=watch, probe_fn=lambda: 0.015)
+    protocol.run(["a", "b"], 2, lambda arm, repeat: 1.0)
+    assert watch.settles == 2 * 2  # before and after each repeat's arms

@@ -95,7 +95,7 @@ class MeasuringProtocol(Generic[A, M]):
 
     def _attempt(self, order: list[A], repeat: int, measure: Callable[[A, int], M],
                  number: int) -> Attempt[A, M]:
-        before = self.probe_fn()
+        before = self._probe()
         values, activities, first = [], [], None
         for arm in order:
             started = self.watch.start()
@@ -103,7 +103,7 @@ class MeasuringProtocol(Generic[A, M]):
             values.append(measure(arm, repeat))
             activities.append(self.watch.stop(started))
         whole = self.watch.since(first)  # the repeat: its arms may be too short to judge
-        after = self.probe_fn()
+        after = self._probe()
         reference = min(self.reference_probe_s or before, before, after)
         self.reference_probe_s = reference
         reasons, score = [], 0.0
@@ -128,6 +128,11 @@ class MeasuringProtocol(Generic[A, M]):
         score = max(score, drift / bounds.probe_drift, slow / bounds.probe_slow)
         return Attempt(number, values, activities, before, after, "; ".join(reasons) or None,
                        score)
+
+    def _probe(self) -> float:
+        """The reference probe, once our own processes are idle (it measures the machine)."""
+        self.watch.settle_own()
+        return self.probe_fn()
 
     def _wait_for_quiet(self) -> None:
         """Wait (up to bounds.quiet_wait_s, in one-second looks) for the others to calm down."""

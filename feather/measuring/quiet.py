@@ -246,6 +246,10 @@ WAIT_WINDOW_S = 0.1  # shorter: a single tick of waiting reads as several percen
 # 30-60% of the time, alone), which is the setup measured, the same in every repeat
 OTHERS_PRESENT = 0.25
 OTHERS_WINDOW_S = 0.5  # shorter: /proc/stat's 10 ms ticks read as a large share of a core
+# our processes count as settled at one 10 ms tick in a 0.1 s look (an idle server's
+# housekeeping), and the probe waits for that at most OWN_SETTLE_S
+OWN_SETTLED = 0.15
+OWN_SETTLE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -341,6 +345,24 @@ class Watch:
         """From `started` to the last `stop`: a whole repeat, when its arms are too short to
         be judged one by one."""
         return between(started, self.last, self.neighbour_cores)
+
+    def settle_own(self, window_s: float = 0.1, bound_cores: float = OWN_SETTLED,
+                   most_s: float = OWN_SETTLE_S) -> float:
+        """Wait (in short looks, up to `most_s`) until our own processes are idle - an
+        online job's servers finishing their last requests - so that the reference probe
+        measures the machine, not our leftover work (two busy children of ours made the
+        probe up to 2.4x slower here; a niced memory-bound neighbour of the workflow, 1.1x).
+        Seconds waited."""
+        waited = 0.0
+        while waited < most_s:
+            started = self.start()
+            time.sleep(window_s)
+            seen = between(started, Snapshot.take(self.root, self.pipeline_root),
+                           self.neighbour_cores)
+            waited += seen.wall_s
+            if seen.own_cpu_s <= bound_cores * seen.wall_s:
+                break
+        return waited
 
     def idle_excess(self, window_s: float = 1.0) -> float:
         """Other processes' cores beyond the neighbour's over a short idle window of ours."""
