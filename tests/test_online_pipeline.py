@@ -198,3 +198,35 @@ def test_an_online_interval_that_spans_the_tolerance_is_inconclusive(tmp_path) -
     assert got == ("inconclusive (2 quiet repeat(s) at feather-static leval_online at 0.9: "
                    "the row asks for 3)")
     assert "unstable: another process used 90% of a core during 1 of 3 repeats" in ours
+
+
+def test_the_graded_tail_is_the_highest_percentile_a_repeat_resolves() -> None:
+    from feather.pipeline.online_figure import graded_percentile
+
+    assert graded_percentile(300) == 99  # 3 requests above its p99
+    assert graded_percentile(299) == 90
+    assert graded_percentile(36) == 90  # 3.6 above p90; its p99 is its slowest request
+    assert graded_percentile(29) == 50
+    assert graded_percentile(2) == 50  # nothing resolves a tail: the median, said
+
+
+def test_a_run_of_36_requests_is_graded_at_p90_not_at_its_slowest_request(tmp_path) -> None:
+    """One late request per repeat (each repeat's p99) puts Feather at 1.5x FCFS's; the tail
+    below it (p90) stays at 1.0x: the row grades p90 and says why."""
+    doc = json.loads(online_document("leval_online", ("fcfs", "feather-static"), (0.9,)))
+    doc["num_prompts"] = 36
+    for row in doc["rows"]:
+        for d in row["repeats_detail"]:
+            d["p90_ttft_ms"] = 0.8 * d["p99_ttft_ms"]
+            if row["scheduler"] != "fcfs" and not row["saturated"]:
+                d["p99_ttft_ms"] *= 1.5
+    path = tmp_path / "online.json"
+    path.write_text(json.dumps(doc))
+    ours, got, _ = online_verdict([path])
+    assert got == "holds"
+    assert "TTFT p90 / FCFS paired within repeats 1.00x" in ours
+    assert "36 requests have no p99 of their own" in ours
+    # the same repeats with a p99 of their own (300 requests each): the late requests decide
+    doc["num_prompts"] = 300
+    path.write_text(json.dumps(doc))
+    assert online_verdict([path])[1] == "does not hold"

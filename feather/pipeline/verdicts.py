@@ -77,8 +77,10 @@ the PAT-style kernel (0.75-0.95: partly). The STOP row is the paper's mechanism:
 where a rule that stops a batch (feather-static, feather-reference) has a median throughput
 at least {STOP_PAYS}x both FCFS's and Feather without STOP's, same workload and attention,
 over at least {STOP_REPEATS} interleaved repeats. The online row is not a claim of the paper:
-it **holds** when every Feather policy's TTFT p99 is within 1.1x of FCFS's at every load
-below saturation, served over HTTP.
+it **holds** when every Feather policy's TTFT tail is within 1.1x of FCFS's at every load
+below saturation, served over HTTP - paired per repeat at p99, or where a repeat has too few
+requests for a p99 of its own (fewer than 300), at the highest percentile with at least 3
+requests above it (p90 for 36).
 """
 
 

@@ -344,10 +344,15 @@ def run_online_sweep(
         return MeasuringProtocol(f"{out}/{job}", label=_arm_label, describe=summarise, say=say)
 
     def capacity_of(raws: list[tuple[dict[str, Any], dict[str, Any]]]) -> float:
-        value = float(np.median([raw["request_throughput"] for raw, _ in raws]))
+        """FCFS's saturated request throughput: the median of its quiet repeats (of all,
+        where none stayed quiet - the loads' own repeats are then flagged too)."""
+        quiet = [raw for raw, record in raws if not record.get("disturbed")] or [
+            raw for raw, _ in raws]
+        value = float(np.median([raw["request_throughput"] for raw in quiet]))
         if value <= 0:
             raise RuntimeError("fcfs completed nothing at saturation: no capacity")
-        say(f"capacity (fcfs, saturated, median of {len(raws)}): {value:.3f}/s")
+        say(f"capacity (fcfs, saturated, median of {len(quiet)} quiet of {len(raws)}): "
+            f"{value:.3f}/s")
         return value
 
     def started(label: str, cls: str, params: tuple) -> VllmServer:
