@@ -113,7 +113,7 @@ def test_the_gpu_box_plans_its_kernel_bench_online_job_and_the_verdicts(gpu_plan
 def test_every_entry_a_gpu_box_leaves_out_is_named_in_the_log(gpu_plan) -> None:
     notes = [line for line in gpu_plan.stderr.splitlines() if line.startswith("feather: ")]
     assert (f"feather: experiment c1: not run: engine_runs entry 0, vllm on c1_cpu, "
-            f"c1_cpu_2k, c1_cpu_1k (device: cpu; vllm runs on a GPU ({LABEL}) here)") in notes
+            f"c1_cpu_2k (device: cpu; vllm runs on a GPU ({LABEL}) here)") in notes
     assert "feather: GPUs: NVIDIA H100 80GB HBM3; engines that run here: sim, vllm, sglang" in notes
 
 

@@ -675,3 +675,15 @@ def test_the_html_report_holds_every_figure_with_its_claim(finished: Path) -> No
     assert "homogeneous batches of 8 / mixed 32" in c1
     assert "CHT speedup" in results["figures/overhead_speedup.png"]["labels"]["ours"]
     assert {"results/summary.csv", "results/report/ours.html"} <= set(results)
+
+
+def test_an_engine_entry_marked_alone_takes_every_core_and_the_others_leave_one() -> None:
+    """C1's job (`alone: true`: its mixed batch streams from memory, which a neighbour's reads
+    slow) runs with nothing beside it; a one-thread engine job leaves one core to others."""
+    dry = subprocess.run([*SNAKEMAKE, "-n", "--cores", "4"], cwd=REPO, capture_output=True,
+                         text=True, timeout=300, check=False)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    threads = dict(re.findall(r"^rule (engine_vllm_\w+):\n(?:    .*\n)*?    threads: (\d+)",
+                              dry.stdout, flags=re.M))
+    assert threads["engine_vllm_c1_c1_cpu"] == "4"
+    assert threads["engine_vllm_c6_unshared_cpu"] == "3"

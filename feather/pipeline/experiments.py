@@ -130,6 +130,7 @@ class EngineBatch:
     gpus: int = 0
     # further (workload name, workload spec) the same engine start serves, in order
     more: tuple[tuple[str, str], ...] = ()
+    alone: bool = False  # takes every core: nothing runs beside it (the entry's `alone`)
 
     @property
     def out_dir(self) -> str:
@@ -644,6 +645,7 @@ def expand_engine_runs(
                     schedulers=chosen,
                     repeats=int(template.get("repeats", 1)),
                     options=tuple(sorted(options.items())),
+                    alone=bool(template.get("alone", False)),
                     mem_mb=int(resources["mem_mb"]),
                     runtime=int(resources["runtime"]),
                     gpus=0 if device == "cpu" else 1,

