@@ -127,7 +127,8 @@ def draw_online(paths: Iterable[str | Path], out: str | Path) -> None:
             )
         capacity = float(part.capacity_rps.iloc[0])
         offered = [f * capacity for f in fractions]
-        row_axes[2].plot(fractions, offered, ls=":", color="grey", label="offered rate")
+        row_axes[2].plot(fractions, offered, ls=":", marker="_", markersize=14, color="grey",
+                         label="offered rate")  # a mark: one load draws no line
         for ax, ylabel in zip(row_axes, ("TTFT (s)", "TPOT p99 (ms)", "throughput (requests/s)"),
                               strict=True):  # fmt: skip
             ax.set_xticks(ticks, labels)
