@@ -23,8 +23,10 @@ import seaborn as sns
 from feather.claims.base import (
     DOES_NOT_HOLD,
     HOLDS,
+    INCONCLUSIVE,
     REAL_ENGINE,
     SIM_CPU,
+    UNSTABLE_GRADE,
     Claim,
     Evidence,
     FigureSpec,
@@ -172,14 +174,20 @@ def cannot_act(part: pd.DataFrame, rule: str) -> str | None:
 
 
 def real_state(row: Any) -> str:
-    """A real stopping rule's state: HOLDS where both intervals' lower ends reach STOP_PAYS
-    over at least STOP_REPEATS quiet repeats, DOES_NOT_HOLD where either interval stays below
-    it (or too few repeats), else inconclusive."""
+    """A real stopping rule's state: inconclusive where no repeat was quiet; DOES_NOT_HOLD
+    where either interval stays below STOP_PAYS; HOLDS where both lower ends reach it over
+    at least STOP_REPEATS quiet repeats; else inconclusive (fewer repeats say so: they are
+    too few to show the mechanism, not evidence against it)."""
     fcfs, nostop = holds_interval(row.vs_fcfs_iv, STOP_PAYS), holds_interval(
         row.vs_nostop_iv, STOP_PAYS)
-    if DOES_NOT_HOLD in (fcfs, nostop) or row.repeats < STOP_REPEATS:
+    if UNSTABLE_GRADE in (fcfs, nostop):
+        return UNSTABLE_GRADE
+    if DOES_NOT_HOLD in (fcfs, nostop):
         return DOES_NOT_HOLD
     if fcfs == nostop == HOLDS:
+        if row.repeats < STOP_REPEATS:
+            return (f"{INCONCLUSIVE} ({row.repeats} quiet repeats: holding asks for "
+                    f"{STOP_REPEATS})")
         return HOLDS
     return nostop if is_inconclusive(nostop) else fcfs
 
