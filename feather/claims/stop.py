@@ -244,7 +244,9 @@ def verdict(evidence: Evidence) -> Verdict:
     states = list(real.state)
     grade = (HOLDS if HOLDS in states else
              next((s for s in states if is_inconclusive(s)), DOES_NOT_HOLD))
-    flags = [f for f in real.flag if isinstance(f, str) and f]  # NaN where a frame had none
+    # NaN where a frame had none; a regime that no quiet repeat could grade speaks first
+    flags = [f for _, f in sorted(zip(real.state != UNSTABLE_GRADE, real.flag, strict=True),
+                                  key=lambda pair: pair[0]) if isinstance(f, str) and f]
     real_runs = stop_runs(evidence.table)
     grades.append(SourceGrade(
         REAL_ENGINE, producers(real_runs[real_runs.engine != "sim"]), text,
