@@ -102,7 +102,7 @@ def test_an_engine_job_that_crashes_is_named_and_its_readers_go_on(tmp_path: Pat
     assert not list((tmp_path / REAL).glob("*/summary.json"))
     again = snakemake(tmp_path, config, "-n", quiet=False)
     assert again.returncode == 0 and f"rule {JOB}:" in again.stdout
-    assert "rule simulate:" not in again.stdout
+    assert "rule simulate_" not in again.stdout
     assert f"{JOB} failed" in done.stdout + done.stderr
 
 
@@ -144,8 +144,8 @@ def test_a_failed_run_leaves_a_current_page_and_the_next_run_retries(tmp_path: P
     assert page.stat().st_mtime >= started and text.startswith(FAILED_RUN_MARK)
     assert "This run failed" in text and "previous run's page" not in text
     # the crashed rule, from Snakemake's log, with where its log ends
-    assert "- rule simulate (results/cpu/sim/vllm/leval_slice__mine__" in text
-    assert "tiny-llama__s0.log ends: KeyError" in text
+    assert "- rule simulate_vllm_cpu_mine (results/cpu/sim/vllm/leval_slice__mine__" in text
+    assert "logs/sim/simulate_vllm_cpu_mine.log ends: KeyError" in text
     assert f"- {JOB} failed: " in text and f"log {ENGINE_LOG}" in text  # the job's records
     c5_row = next(line for line in text.splitlines() if line.startswith("| C5 |"))
     assert f"not testable here: {JOB} failed: " in c5_row

@@ -60,6 +60,9 @@ def plan(workdir: Path, *args: str, configs: tuple[Path, ...] = (),
             continue
         found = re.search(r"^    resources: (.*)$", block, re.M)
         fields = dict(p.split("=", 1) for p in found.group(1).split(", ")) if found else {}
+        outputs = re.search(r"^    output: (.*)$", block, re.M)
+        fields["runs"] = str(sum(o.endswith("/summary.json")
+                                 for o in outputs.group(1).split(", "))) if outputs else "0"
         planned.setdefault(head.group(1), []).append(fields)
     return planned
 
@@ -74,6 +77,8 @@ def expected(rule: str, sweeps: dict, gpu: bool = False) -> int | None:
         return runtime(rule, sweeps.get("kernel_bench", "default"))
     if rule == "kernels_bench_gpu":
         return runtime(rule, "quick" if sweeps.get("kernel_bench") == "quick" else "full")
+    if rule.startswith("simulate_"):
+        return None  # per job: its runs times the table's minutes per run (check_plan)
     if rule.startswith("online_") and rule != "online_figure":
         sweep = sweeps.get("online", {}).get("sweep", "default")
         return runtime(rule, ("gpu-" if gpu else "") + sweep)
@@ -87,6 +92,9 @@ def check_plan(planned: dict[str, list[dict]], sweeps: dict, gpu: bool = False) 
             continue  # a GPU engine job: its experiment entry's estimate (tests/test_gpu_plan.py)
         want = expected(rule, sweeps, gpu)
         for job in jobs:
+            if rule.startswith("simulate_"):  # one job, several runs: minutes per run x runs
+                assert int(job["runs"]) >= 1, rule
+                want = runtime("simulate", runs=int(job["runs"]))
             got = job.get("runtime")
             assert (int(got) if got else None) == want, (
                 f"rule {rule}: runtime {got}, workflow/job_times.yaml gives {want}")
@@ -96,8 +104,9 @@ def check_plan(planned: dict[str, list[dict]], sweeps: dict, gpu: bool = False) 
 
 def test_the_default_plans_every_rule_s_runtime_from_the_table(tmp_path) -> None:
     planned = plan(tmp_path / "work")
-    assert {"simulate", "overhead_bench", "kernels_bench", "engine_vllm_c1_c1_cpu"} <= set(planned)
-    assert check_plan(planned, {}) > 200
+    assert {"simulate_c5_a100_80gb_fcfs", "overhead_bench", "kernels_bench",
+            "engine_vllm_c1_c1_cpu"} <= set(planned)
+    assert check_plan(planned, {}) > 100
 
 
 def test_every_full_sweep_plans_its_runtime_from_the_table(tmp_path) -> None:
@@ -108,14 +117,14 @@ def test_every_full_sweep_plans_its_runtime_from_the_table(tmp_path) -> None:
             "longbench_format_workload"} <= set(planned)
     assert planned["overhead_bench"][0]["runtime"] == str(runtime("overhead_bench", "full"))
     assert runtime("overhead_bench", "full") > runtime("overhead_bench", "default")
-    assert check_plan(planned, FULL) > 900
+    assert check_plan(planned, FULL) > 250
 
 
 def test_a_gpu_box_plans_its_gpu_jobs_runtime_from_the_table(tmp_path) -> None:
     fake = fake_cuda_install(tmp_path / "fake-cuda")
     planned = plan(tmp_path / "work", "--config", f'gpus=["{H100}"]', pythonpath=str(fake))
     assert {"kernels_bench_gpu", "engine_env", "online_leval_online"} <= set(planned)
-    assert check_plan(planned, {}, gpu=True) > 200
+    assert check_plan(planned, {}, gpu=True) > 100
 
 
 def test_no_rule_file_states_a_runtime_of_its_own() -> None:
@@ -175,10 +184,10 @@ def test_a_malformed_table_is_refused(tmp_path) -> None:
 LOG = """\
 Provided cores: 2
 [Sun Dec  6 13:13:55 2026]
-localrule simulate:
-    output: results/a/sim/c5/r1/summary.json
+localrule simulate_c5_a_fcfs:
+    output: results/a/sim/c5/r1/trace.parquet, results/a/sim/c5/r1/summary.json
+    log: logs/sim/simulate_c5_a_fcfs.log
     jobid: 20
-    wildcards: hardware=a, experiment=c5, run=r1
     resources: tmpdir=/tmp
 
 [Sun Dec  6 13:13:56 2026]
@@ -189,7 +198,7 @@ rule overhead_bench:
     resources: tmpdir=/tmp, measures_time=1, runtime=10
 
 [Sun Dec  6 13:14:35 2026]
-Finished jobid: 20 (Rule: simulate)
+Finished jobid: 20 (Rule: simulate_c5_a_fcfs)
 1 of 3 steps (33%) done
 [Sun Dec  6 13:15:07 2026]
 Finished jobid: 7 (Rule: overhead_bench)
@@ -220,3 +229,9 @@ def test_the_shortest_run_is_bound_by_the_measuring_chain_or_by_the_other_jobs()
     bound = job_times.shortest_run(others_bind, cores=2)
     assert bound["bound_min"] == 14.5 and "other jobs" in bound["binds"]
     assert "at least 14.5 min" in job_times.shortest_run_text(bound)
+
+
+def test_a_simulation_job_s_limit_is_its_runs_times_the_minutes_per_run() -> None:
+    minutes = job_times.entry("simulate")["minutes"]
+    assert runtime("simulate", runs=1) == limit_minutes(minutes)
+    assert runtime("simulate", runs=40) == limit_minutes(40 * minutes) > runtime("simulate")

@@ -93,6 +93,25 @@ def test_a_repeat_that_stays_busy_is_retaken_at_most_twice_then_flagged() -> Non
         "waited for a core up to 0% of the time)")
 
 
+def test_a_repeat_flagged_by_the_probe_alone_is_not_blamed_on_another_process() -> None:
+    """The probe slowed with nothing busy here (the host's other tenants): the flag says
+    so, not "another process used 0% of a core"; one busy repeat among them names the
+    process again."""
+    quiet = [activity()] * 100
+    probes = iter([0.010, 0.010] + [0.010, 0.030] * 50)  # the reference, then each repeat
+    protocol = MeasuringProtocol("job", watch=ScriptedWatch(quiet), probe_fn=lambda: next(probes),
+                                 bounds=QuietBounds(), describe=lambda v: {"v": v})
+    outcomes = protocol.run(["a", "b"], 2, lambda arm, repeat: 1.0)
+    records = [r for o in outcomes for r in o.records]
+    assert all(o.disturbed and "reference probe" in o.disturbed for o in outcomes)
+    flag = unstable_flag(records)
+    assert flag.startswith("unstable: the reference probe ran slower during 2 of 2 repeats "
+                           "while no other process here was busy"), flag
+    assert "another process" not in flag
+    mixed = [*records[:1], {**records[2], "disturbed": "a: other processes used 90% of a core"}]
+    assert unstable_flag(mixed).startswith("unstable: another process used")
+
+
 def test_a_neighbour_the_job_leaves_a_core_to_is_not_a_disturbance() -> None:
     beside = [activity(others_cores=1.0, neighbour_cores=1.0)] * 4
     protocol, _ = _protocol(beside)

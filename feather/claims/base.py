@@ -394,8 +394,10 @@ def unstable_text(runs: pd.DataFrame) -> str | None:
         return None
     busy = keyed.set_index(["_job", "repeat"]).loc[disturbed[disturbed].index]
     cores = busy.get("measure_others_cores", pd.Series([float("nan")])).max()
-    return (f"unstable: another process used {cores:.0%} of a core during "
-            f"{int(disturbed.sum())} of {len(disturbed)} repeats (those repeats not graded)")
+    from feather.measuring.protocol import unstable_text as flag_text
+
+    return flag_text(cores, int(disturbed.sum()), len(disturbed),
+                     list(busy.measure_disturbed), "(those repeats not graded)")
 
 
 def bench_flag(doc: dict[str, Any]) -> str | None:

@@ -34,6 +34,7 @@ from feather.claims.base import (
     is_inconclusive,
 )
 from feather.claims.plot import save
+from feather.measuring.protocol import unstable_text
 from feather.measuring.stats import Interval, median_interval
 
 LEARNED_PAYS, NEAR_BEST, NEVER_WORSE = 1.1, 0.97, 0.99
@@ -80,8 +81,8 @@ def _flag(runs: list[dict[str, Any]]) -> str | None:
         return None
     cores = max(((r.get("measurement") or {}).get("activity") or {}).get("others_cores", 0.0)
                 for r in busy)
-    return (f"unstable: another process used {cores:.0%} of a core during {len(busy)} of "
-            f"{len(runs)} repeats (those repeats not graded)")
+    return unstable_text(cores, len(busy), len(runs), [r.get("disturbed") for r in busy],
+                         "(those repeats not graded)")
 
 
 def regime_rows(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:

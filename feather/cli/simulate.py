@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from feather.cli.common import (
     _parse_params,
     add_engine_limits,
     add_spec,
+    refuse_flags_beside_spec,
     spec_or_flags,
 )
 from feather.cli_values import seed
@@ -24,15 +26,35 @@ RUN_FLAGS = ("workload", "scheduler", "hardware", "model")
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from feather.gc_tuning import collect_less
-    from feather.sim.run import simulate, stderr_progress, write_run
-    from feather.sim.run_spec import RUN_SPEC_FILE, RunSpec
+    from feather.sim.run_spec import RunSpec
 
     collect_less()
+    if args.runs is not None:
+        return _simulate_runs(args)
+    if args.out is None:
+        raise ValueError("give --out (the run directory), or --runs")
     run_spec = spec_or_flags(args, RUN_FLAGS, RunSpec.load, _spec_from_flags)
+    _simulate_one(run_spec, args.out, args)
+    return 0
+
+
+def _simulate_one(run_spec: Any, out_dir: str, args: argparse.Namespace,
+                  workloads: dict[str, Any] | None = None) -> None:
+    """Simulate one run and write its directory; `workloads` keeps each workload file loaded
+    once across the runs of one process."""
+    from feather.sim.run import simulate, stderr_progress, write_run
+    from feather.sim.run_spec import RUN_SPEC_FILE
+    from feather.workloads import load_workload
+
     run_spec.register_profiles()
     spec = run_spec.simulation
-    result = simulate(spec, progress=None if args.quiet else stderr_progress)
-    out = write_run(result, args.out, {RUN_SPEC_FILE: run_spec.to_json()})
+    workload = None
+    if workloads is not None:
+        if spec.workload not in workloads:
+            workloads[spec.workload] = load_workload(spec.workload)
+        workload = workloads[spec.workload]
+    result = simulate(spec, workload, progress=None if args.quiet else stderr_progress)
+    out = write_run(result, out_dir, {RUN_SPEC_FILE: run_spec.to_json()})
     summary = result.summary
     if args.json:
         print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))
@@ -42,8 +64,39 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             f"{spec.engine_mode}): {summary['output_tok_s']:,.0f} output tok/s, makespan "
             f"{summary['makespan_s']:.2f} s, mean batch {summary['mean_batch_size']:.1f}, "
             f"L2 hit {summary['l2_hit_rate']:.2f}, {summary['fraction_of_oracle']:.2f} of the "
-            f"roofline oracle -> {out}"
+            f"roofline oracle -> {out}", flush=True,
         )
+
+
+def _simulate_runs(args: argparse.Namespace) -> int:
+    """`--runs`: several runs in one process, one after another (the pipeline's simulation
+    jobs: one interpreter start-up and one load of each workload for a scheduler's runs of
+    an experiment, where one process per run spent about a third of each run starting)."""
+    from feather.sim.run_spec import RunSpec, read_spec
+
+    refuse_flags_beside_spec(args)
+    if args.spec is not None or args.out is not None:
+        raise ValueError("--runs holds every run and its directory; drop --spec and --out")
+    if args.runs.lstrip().startswith("["):
+        try:
+            runs, where = json.loads(args.runs), "--runs"
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--runs: not valid JSON ({exc})") from None
+    else:
+        runs, where = read_spec(args.runs)
+    if not isinstance(runs, list) or not runs or not all(
+            isinstance(item, dict) and set(item) == {"out", "spec"} for item in runs):
+        raise ValueError(f"{where}: --runs takes a non-empty JSON list of "
+                         '{"out": run directory, "spec": the run\'s spec}')
+    outs = [str(item["out"]) for item in runs]
+    if len(set(outs)) != len(outs):
+        raise ValueError(f"{where}: two runs write the same directory")
+    specs = [RunSpec.load(json.dumps(item["spec"])) for item in runs]  # all checked first
+    workloads: dict[str, Any] = {}
+    for k, (run_spec, out) in enumerate(zip(specs, outs, strict=True), 1):
+        if not args.quiet:
+            print(f"[simulate] run {k} of {len(specs)}: {out}", file=sys.stderr, flush=True)
+        _simulate_one(run_spec, out, args, workloads)
     return 0
 
 
@@ -151,7 +204,13 @@ def register(commands: Any) -> None:
         "the whole run as the pipeline specifies it (feather/sim/run_spec.py; a run "
         "directory's spec.json reruns it)",
     )
-    sim.add_argument("--out", required=True, help="run directory")
+    sim.add_argument("--out", help="run directory")
+    sim.add_argument(
+        "--runs",
+        metavar="JSON|FILE",
+        help='several runs in one process: a JSON list of {"out": run directory, "spec": the '
+        "run's spec}, instead of --spec and --out (the pipeline's simulation jobs)",
+    )
     sim.add_argument("--json", action="store_true", help="print the summary as JSON")
     sim.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sim.set_defaults(func=_cmd_simulate)

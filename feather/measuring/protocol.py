@@ -172,6 +172,31 @@ class MeasuringProtocol(Generic[A, M]):
                              len(attempts))
 
 
+PROBE_REASON = "the reference probe"
+
+
+def probe_only(reasons: Sequence[Any]) -> bool:
+    """Whether every disturbed repeat was flagged by the reference probe alone (no process on
+    this machine was busy): the machine itself ran slower, as when other tenants of its host
+    use its memory, which /proc here cannot see."""
+    texts = [r for r in reasons if isinstance(r, str) and r]
+    return bool(texts) and all(
+        part.split(": ", 1)[-1].startswith(PROBE_REASON)
+        for text in texts for part in text.split("; "))
+
+
+def unstable_text(cores: float, disturbed: int, repeats: int, reasons: Sequence[Any],
+                  tail: str) -> str:
+    """The page's flag: "unstable: another process used N% of a core during k of n repeats",
+    or, where only the reference probe flagged them, that the machine itself ran slower."""
+    if probe_only(reasons):
+        return (f"unstable: the reference probe ran slower during {disturbed} of {repeats} "
+                f"repeats while no other process here was busy (the host's other tenants, "
+                f"out of this machine's view) {tail}")
+    return (f"unstable: another process used {cores:.0%} of a core during {disturbed} of "
+            f"{repeats} repeats {tail}")
+
+
 def unstable_flag(records: Sequence[dict[str, Any]]) -> str | None:
     """The page's flag for a set of kept measurements (one per arm and repeat): None where
     every repeat was quiet, else "unstable: another process used N% of a core during k of n
@@ -187,6 +212,6 @@ def unstable_flag(records: Sequence[dict[str, Any]]) -> str | None:
         return None
     cores = max(r["activity"]["others_cores"] for rs in disturbed.values() for r in rs)
     waited = max(r["activity"]["wait_share"] for rs in disturbed.values() for r in rs)
-    return (f"unstable: another process used {cores:.0%} of a core during {len(disturbed)} of "
-            f"{len(by_repeat)} repeats (our threads waited for a core up to {waited:.0%} of "
-            "the time)")
+    reasons = [r.get("disturbed") for rs in disturbed.values() for r in rs]
+    return unstable_text(cores, len(disturbed), len(by_repeat), reasons,
+                         f"(our threads waited for a core up to {waited:.0%} of the time)")

@@ -112,13 +112,14 @@ def limit_minutes(minutes: float, table: dict[str, Any] | None = None) -> int:
     return max(int(rule["floor"]), math.ceil(float(rule["factor"]) * minutes))
 
 
-def runtime(job: str, variant: str = DEFAULT_VARIANT) -> int:
+def runtime(job: str, variant: str = DEFAULT_VARIANT, runs: int = 1) -> int:
     """A rule's `runtime=` resource (minutes): the entry's own limit where it states one (a job
-    whose time is not measured, or bound by a download), else limit_minutes(its minutes)."""
+    whose time is not measured, or bound by a download), else limit_minutes(its minutes), its
+    minutes being per run where one job does `runs` of them (the simulation jobs)."""
     found = entry(job, variant)
     if found.get("limit") is not None:
         return int(found["limit"])
-    return limit_minutes(float(found["minutes"]))
+    return limit_minutes(float(found["minutes"]) * runs)
 
 
 # ---- measuring: job times from a snakemake run's log ----
@@ -127,6 +128,7 @@ _STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 _RULE = re.compile(r"^(?:local)?(?:rule|checkpoint) (\S+):$")
 _JOBID = re.compile(r"^\s+jobid: (\d+)$")
 _WILDCARDS = re.compile(r"^\s+wildcards: (.*)$")
+_OUTPUT = re.compile(r"^\s+output: (.*)$")
 _FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\S+)\)$")
 
 
@@ -149,10 +151,12 @@ class JobTime:
 def measure_jobs(log_text: str) -> list[JobTime]:
     """Every finished job in the log `snakemake` prints (its console output: a timestamp line
     before each job starts and before each `Finished jobid:` line), keyed by rule (and by
-    experiment for rules that have that wildcard: `simulate[c5]`)."""
+    experiment for rules that have that wildcard, and for the simulation jobs, whose
+    outputs name it: `simulate[c5]`, each job one scheduler's runs)."""
     now: datetime | None = None
     rule: str | None = None
     job: str | None = None  # the job whose block is being read
+    sim_key: str | None = None  # that block's simulation key, from its output line
     started: dict[str, dict[str, Any]] = {}
     jobs: list[JobTime] = []
     for line in log_text.splitlines():
@@ -162,7 +166,12 @@ def measure_jobs(log_text: str) -> list[JobTime]:
             rule = head.group(1)
         elif (jobid := _JOBID.match(line)) and rule and now:
             job = jobid.group(1)
-            started[job] = {"key": rule, "start": now, "threads": 1, "measures_time": False}
+            started[job] = {"key": sim_key or rule, "start": now, "threads": 1,
+                            "measures_time": False}
+        elif rule and rule.startswith("simulate_") and (output := _OUTPUT.match(line)):
+            # a simulation job (one scheduler's runs of one experiment): its outputs name it
+            if experiment := re.match(r"results/[^/]+/sim/([^/]+)/", output.group(1)):
+                sim_key = f"simulate[{experiment.group(1)}]"
         elif job in started and rule and (wildcards := _WILDCARDS.match(line)):
             experiment = re.search(r"(?:^|, )experiment=([^,]+)", wildcards.group(1))
             if experiment:
@@ -176,7 +185,7 @@ def measure_jobs(log_text: str) -> list[JobTime]:
             jobs.append(JobTime(one["key"], (now - one["start"]).total_seconds(),
                                 one["threads"], one["measures_time"]))
         if not line.strip():
-            rule = job = None
+            rule = job = sim_key = None
     return jobs
 
 

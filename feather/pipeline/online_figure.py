@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from feather.measuring.protocol import unstable_text
 from feather.measuring.stats import median_interval
 
 BASELINE = "fcfs"
@@ -194,8 +195,9 @@ def _flag(row: pd.Series) -> str | None:
         return None
     cores = max(((d.get("measurement") or {}).get("activity") or {}).get("others_cores", 0.0)
                 for d in detail)
-    return (f"unstable: another process used {cores:.0%} of a core during {len(busy)} of "
-            f"{len({d.get('repeat') for d in detail})} repeats (those repeats not graded)")
+    reasons = [(d.get("measurement") or {}).get("disturbed") for d in detail]
+    return unstable_text(cores, len(busy), len({d.get("repeat") for d in detail}), reasons,
+                         "(those repeats not graded)")
 
 
 def online_verdict(paths: Iterable[str | Path]) -> tuple[str, str, str]:

@@ -371,8 +371,14 @@ def run_online_sweep(
 
     if sweep.servers_at_once:
         with contextlib.ExitStack() as stack:
-            up = {label: healthy(label, stack.enter_context(started(label, cls, params)))
-                  for label, cls, params in ordered}
+            launched = {}
+            for label, cls, params in ordered:  # launched side by side, then each waited for
+                server = launched[label] = started(label, cls, params)
+                stack.callback(server.stop)
+                server.launch()
+            for server in launched.values():
+                server.wait_until_healthy()
+            up = {label: healthy(label, server) for label, server in launched.items()}
             protocol("saturated").run(
                 labels, sweep.repeats, lambda label, r: serve(label, math.inf, r, up[label]),
                 keep_into(lambda arm: arm, lambda arm: math.inf))

