@@ -93,8 +93,10 @@ def pipeline_root_from_env() -> int | None:
 
 
 def neighbour_cores_from_env() -> float:
-    """The cores the job leaves to other work: $FEATHER_NEIGHBOUR_CORES (the workflow sets
-    it for jobs that take every core but one), else 0: a measurement expects a quiet machine."""
+    """The cores the job leaves to other processes outside the workflow:
+    $FEATHER_NEIGHBOUR_CORES, else 0: a measurement expects a quiet machine. The workflow
+    sets none: the jobs it runs beside a measuring one are its own (`mark_pipeline`) and
+    are counted apart, as `pipeline_cpu_s`, not as others."""
     raw = os.environ.get("FEATHER_NEIGHBOUR_CORES", "")
     try:
         return max(0.0, float(raw)) if raw else 0.0
