@@ -77,13 +77,7 @@ def _simulate_runs(args: argparse.Namespace) -> int:
     refuse_flags_beside_spec(args)
     if args.spec is not None or args.out is not None:
         raise ValueError("--runs holds every run and its directory; drop --spec and --out")
-    if args.runs.lstrip().startswith("["):
-        try:
-            runs, where = json.loads(args.runs), "--runs"
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--runs: not valid JSON ({exc})") from None
-    else:
-        runs, where = read_spec(args.runs)
+    runs, where = read_spec(args.runs, "--runs")
     if not isinstance(runs, list) or not runs or not all(
             isinstance(item, dict) and set(item) == {"out", "spec"} for item in runs):
         raise ValueError(f"{where}: --runs takes a non-empty JSON list of "

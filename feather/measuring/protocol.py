@@ -21,6 +21,7 @@ from feather.measuring.quiet import Activity, QuietBounds, Watch, probe
 A = TypeVar("A")
 M = TypeVar("M")
 PROTOCOL = "feather-measure/1"
+PROBE_REASON = "the reference probe"  # how a repeat the probe flagged says so (probe_only)
 
 
 @dataclass
@@ -122,9 +123,9 @@ class MeasuringProtocol(Generic[A, M]):
         drift = abs(after / before - 1.0) if before > 0 else 0.0
         slow = max(before, after) / reference - 1.0 if reference > 0 else 0.0
         if drift > bounds.probe_drift:
-            reasons.append(f"the reference probe moved {drift:.0%} during the repeat")
+            reasons.append(f"{PROBE_REASON} moved {drift:.0%} during the repeat")
         if slow > bounds.probe_slow:
-            reasons.append(f"the reference probe ran {slow:.0%} slower than the job's quietest")
+            reasons.append(f"{PROBE_REASON} ran {slow:.0%} slower than the job's quietest")
         score = max(score, drift / bounds.probe_drift, slow / bounds.probe_slow)
         return Attempt(number, values, activities, before, after, "; ".join(reasons) or None,
                        score)
@@ -170,9 +171,6 @@ class MeasuringProtocol(Generic[A, M]):
             })
         return RepeatOutcome(repeat, order, list(kept.values), records, kept.disturbed,
                              len(attempts))
-
-
-PROBE_REASON = "the reference probe"
 
 
 def probe_only(reasons: Sequence[Any]) -> bool:

@@ -195,15 +195,16 @@ def _check_profiles(data: dict[str, Any], where: str) -> None:
             raise RunSpecError(f"{where}: {key} must be a mapping of profile fields or null")
 
 
-def read_spec(text_or_path: str) -> tuple[Any, str]:
-    """(the data, where it came from) of `--spec`: JSON text, or a file holding it."""
-    text, where = text_or_path, "--spec"
-    if not text_or_path.lstrip().startswith("{"):
+def read_spec(text_or_path: str, flag: str = "--spec") -> tuple[Any, str]:
+    """(the data, where it came from) of `--spec` (or another flag): JSON text, an object or
+    a list, or a file holding it."""
+    text, where = text_or_path, flag
+    if not text_or_path.lstrip().startswith(("{", "[")):
         path = Path(text_or_path)
         try:
             text = path.read_text()
         except OSError as exc:
-            raise RunSpecError(f"--spec {text_or_path}: unreadable ({exc})") from None
+            raise RunSpecError(f"{flag} {text_or_path}: unreadable ({exc})") from None
         where = str(path)
     try:
         return json.loads(text), where
